@@ -1,0 +1,117 @@
+//! bitpool's CAPI pools: InClusterIPPool (namespaced) and GlobalInClusterIPPool (cluster-scoped),
+//! `ipam.cluster.x-k8s.io/v1alpha2`, field for field the in-cluster provider's, plus optional
+//! extensions (`preAllocations`, `allocationStrategy`, `dnsServers`, `status.conditions`) that
+//! leave upstream manifests valid unchanged.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::AllocationStrategy;
+
+/// On a claim served by a CAPI pool: held until its address is released.
+pub const CLAIM_FINALIZER: &str = "ipam.cluster.x-k8s.io/ReleaseAddress";
+/// On an IPAddress: held until its claim releases it.
+pub const ADDRESS_FINALIZER: &str = "ipam.cluster.x-k8s.io/ProtectAddress";
+/// On a pool: held while any address is allocated from it.
+pub const POOL_FINALIZER: &str = "ipam.cluster.x-k8s.io/ProtectPool";
+/// Lets `clusterctl move` delete a pool that still has addresses.
+pub const SKIP_DELETE_CHECK_ANNOTATION: &str = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook";
+
+/// The spec both CAPI pool kinds share.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam.cluster.x-k8s.io",
+    version = "v1alpha2",
+    kind = "InClusterIPPool",
+    doc = "InClusterIPPool is a namespaced pool of IP addresses for IPAddressClaims of its namespace.",
+    namespaced,
+    status = "InClusterIPPoolStatus",
+    category = "cluster-api",
+    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses","description":"List of addresses, to allocate from"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of IPs configured for the pool"}"#,
+    printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InClusterIPPoolSpec {
+    /// Addresses to hand out: single IPs, ranges `a-b`, or CIDRs (host bits are ignored).
+    pub addresses: Vec<String>,
+    /// The prefix length given to every address of the pool.
+    #[schemars(range(min = 0, max = 128))]
+    pub prefix: i32,
+    /// The gateway; never handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// Addresses never handed out (same forms as `addresses`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded_addresses: Vec<String>,
+    /// Hand out the network address (and on IPv4 the broadcast address) of the inferred subnet.
+    #[serde(
+        rename = "allocateReservedIPAddresses",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub allocate_reserved_ip_addresses: bool,
+    /// Seconds a released address stays reserved before it can be handed out again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub address_reuse_grace_period_seconds: Option<i32>,
+    /// bitpool extension: claim name → the address that claim always gets. Reserved up front.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pre_allocations: BTreeMap<String, String>,
+    /// bitpool extension: `sequential` (default, the lowest free address) or `random`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::schema::optional_enum::<AllocationStrategy>")]
+    pub allocation_strategy: Option<AllocationStrategy>,
+    /// bitpool extension: DNS servers rendered for networks on this pool (the CAPI contract has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers: Vec<String>,
+}
+
+/// GlobalInClusterIPPool: the same pool, cluster-scoped, serving claims of every namespace.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam.cluster.x-k8s.io",
+    version = "v1alpha2",
+    kind = "GlobalInClusterIPPool",
+    doc = "GlobalInClusterIPPool is a cluster-scoped pool of IP addresses for IPAddressClaims of every namespace.",
+    status = "InClusterIPPoolStatus",
+    category = "cluster-api",
+    printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses","description":"List of addresses, to allocate from"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of IPs configured for the pool"}"#,
+    printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
+)]
+pub struct GlobalInClusterIPPoolSpec {
+    #[serde(flatten)]
+    pub pool: InClusterIPPoolSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InClusterIPPoolStatus {
+    #[serde(
+        rename = "ipAddresses",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ip_addresses: Option<IPAddressCounts>,
+    /// bitpool extension: `Ready`, False with a reason when the spec is invalid.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::conditions")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Address counts; a value beyond int64 (an IPv6 pool) is reported as `i64::MAX`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPAddressCounts {
+    pub total: i64,
+    pub free: i64,
+    pub used: i64,
+    pub out_of_range: i64,
+}

@@ -1,0 +1,578 @@
+//! CAPM3's Metal3DataTemplate, Metal3Data and Metal3DataClaim,
+//! `infrastructure.cluster.x-k8s.io/v1beta1`, with pool references by `apiGroup`/`kind`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ObjectReference, SecretReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+
+pub const TEMPLATE_FINALIZER: &str = "metal3datatemplate.infrastructure.cluster.x-k8s.io";
+/// On a Metal3Data, and on the IP claims it creates.
+pub const DATA_FINALIZER: &str = "metal3data.infrastructure.cluster.x-k8s.io";
+pub const DATA_CLAIM_FINALIZER: &str = "metal3dataclaim.infrastructure.cluster.x-k8s.io";
+/// Put on a Metal3DataClaim by the Metal3Machine that created it.
+pub const METAL3_MACHINE_FINALIZER: &str = "metal3machine.infrastructure.cluster.x-k8s.io";
+pub const DATA_NAME_LABEL: &str = "infrastructure.cluster.x-k8s.io/data-name";
+pub const POOL_NAME_LABEL: &str = "infrastructure.cluster.x-k8s.io/pool-name";
+/// The type of the rendered metaData and networkData secrets.
+pub const SECRET_TYPE: &str = "infrastructure.cluster.x-k8s.io/secret";
+
+/// Metal3DataTemplate: how to render each host's metaData and networkData.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "Metal3DataTemplate",
+    doc = "How to render the metaData and networkData of each host of a cluster.",
+    namespaced,
+    status = "Metal3DataTemplateStatus",
+    category = "cluster-api",
+    shortname = "m3dt",
+    shortname = "m3datatemplate",
+    shortname = "m3datatemplates",
+    shortname = "metal3dt",
+    shortname = "metal3datatemplate",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".metadata.labels.cluster\\.x-k8s\\.io/cluster-name","description":"Cluster to which this template belongs"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3DataTemplate"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3DataTemplateSpec {
+    #[schemars(length(min = 1))]
+    pub cluster_name: String,
+    /// Deprecated upstream; kept so that existing templates round-trip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_data: Option<MetaData>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<NetworkData>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3DataTemplateStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_updated: Option<Time>,
+    /// Claim name → index of its Metal3Data.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub indexes: BTreeMap<String, i64>,
+}
+
+/// The objects a metaData or MAC source can read from.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TemplateObject {
+    Machine,
+    Metal3Machine,
+    BareMetalHost,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaData {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub strings: Vec<MetaDataString>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub object_names: Vec<MetaDataObjectName>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indexes: Vec<MetaDataIndex>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<MetaDataNamespace>,
+    #[serde(
+        rename = "ipAddressesFromIPPool",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub ip_addresses_from_ip_pool: Vec<FromPool>,
+    #[serde(
+        rename = "prefixesFromIPPool",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub prefixes_from_ip_pool: Vec<FromPool>,
+    #[serde(
+        rename = "gatewaysFromIPPool",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub gateways_from_ip_pool: Vec<FromPool>,
+    #[serde(
+        rename = "dnsServersFromIPPool",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub dns_servers_from_ip_pool: Vec<FromPool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_host_interfaces: Vec<MetaDataHostInterface>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_labels: Vec<MetaDataFromLabel>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from_annotations: Vec<MetaDataFromAnnotation>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct MetaDataString {
+    pub key: String,
+    pub value: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct MetaDataObjectName {
+    pub key: String,
+    pub object: TemplateObject,
+}
+
+/// Rendered as `prefix + (offset + index * step) + suffix`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct MetaDataIndex {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("default" = 1))]
+    pub step: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct MetaDataNamespace {
+    pub key: String,
+}
+
+/// A metaData value taken from a pool. Empty `apiGroup`/`kind` mean a Metal3 IPPool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FromPool {
+    pub key: String,
+    pub name: String,
+    #[serde(default)]
+    pub api_group: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaDataHostInterface {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(
+        rename = "fromBootMAC",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub from_boot_mac: Option<bool>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct MetaDataFromLabel {
+    pub key: String,
+    pub object: TemplateObject,
+    pub label: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct MetaDataFromAnnotation {
+    pub key: String,
+    pub object: TemplateObject,
+    pub annotation: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct NetworkData {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub links: Option<NetworkLinks>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networks: Option<Networks>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<NetworkServices<AnyFamily>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct NetworkLinks {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ethernets: Vec<EthernetLink>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bonds: Vec<BondLink>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub vlans: Vec<VlanLink>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EthernetType {
+    Bridge,
+    Dvs,
+    #[serde(rename = "hw_veb")]
+    HwVeb,
+    Hyperv,
+    Ovs,
+    Tap,
+    Vhostuser,
+    Vif,
+    Phy,
+}
+
+/// Where a link's MAC address comes from; exactly one field is expected.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MacAddressSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+    /// A NIC name in the BareMetalHost's `status.hardware.nics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_host_interface: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_annotation: Option<FromAnnotation>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct FromAnnotation {
+    pub object: TemplateObject,
+    pub annotation: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EthernetLink {
+    #[serde(rename = "type")]
+    pub type_: EthernetType,
+    pub id: String,
+    #[serde(default = "default_mtu")]
+    #[schemars(range(max = 9000), extend("default" = 1500))]
+    pub mtu: i32,
+    pub mac_address: MacAddressSource,
+    /// Interface name to set (cloud-init rename).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 15), pattern(r"^[a-zA-Z][a-zA-Z0-9._-]*$"))]
+    pub name: Option<String>,
+}
+
+fn default_mtu() -> i32 {
+    1500
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum BondMode {
+    #[serde(rename = "balance-rr")]
+    BalanceRr,
+    #[serde(rename = "active-backup")]
+    ActiveBackup,
+    #[serde(rename = "balance-xor")]
+    BalanceXor,
+    #[serde(rename = "broadcast")]
+    Broadcast,
+    #[serde(rename = "balance-tlb")]
+    BalanceTlb,
+    #[serde(rename = "balance-alb")]
+    BalanceAlb,
+    #[serde(rename = "802.3ad")]
+    Ieee8023ad,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum BondXmitHashPolicy {
+    #[serde(rename = "layer2")]
+    Layer2,
+    #[serde(rename = "layer3+4")]
+    Layer3Plus4,
+    #[serde(rename = "layer2+3")]
+    Layer2Plus3,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BondLink {
+    pub bond_mode: BondMode,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::schema::optional_enum::<BondXmitHashPolicy>")]
+    pub bond_xmit_hash_policy: Option<BondXmitHashPolicy>,
+    pub id: String,
+    #[serde(default = "default_mtu")]
+    #[schemars(range(max = 9000), extend("default" = 1500))]
+    pub mtu: i32,
+    pub mac_address: MacAddressSource,
+    /// Extra `bond_<name>` keys of the rendered link, kept as written.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "bond_parameters")]
+    pub parameters: BTreeMap<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bond_links: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 15), pattern(r"^[a-zA-Z][a-zA-Z0-9._-]*$"))]
+    pub name: Option<String>,
+}
+
+fn bond_parameters(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": super::schema::preserve_unknown(generator),
+    })
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VlanLink {
+    #[serde(rename = "vlanID")]
+    #[schemars(range(max = 4096))]
+    pub vlan_id: i32,
+    pub id: String,
+    #[serde(default = "default_mtu")]
+    #[schemars(range(max = 9000), extend("default" = 1500))]
+    pub mtu: i32,
+    pub mac_address: MacAddressSource,
+    pub vlan_link: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 15), pattern(r"^[a-zA-Z][a-zA-Z0-9._-]*$"))]
+    pub name: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Networks {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv4: Vec<StaticNetwork<Ipv4>>,
+    #[serde(rename = "ipv4DHCP", default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv4_dhcp: Vec<DynamicNetwork<Ipv4>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv6: Vec<StaticNetwork<Ipv6>>,
+    #[serde(rename = "ipv6DHCP", default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv6_dhcp: Vec<DynamicNetwork<Ipv6>>,
+    #[serde(rename = "ipv6SLAAC", default, skip_serializing_if = "Vec::is_empty")]
+    pub ipv6_slaac: Vec<DynamicNetwork<Ipv6>>,
+}
+
+/// The address family a network, route or DNS list belongs to: it sets the address pattern and
+/// the largest prefix length the CRD accepts, as upstream's separate v4 and v6 types do.
+pub trait AddressFamily:
+    Clone + std::fmt::Debug + Default + PartialEq + JsonSchema + 'static
+{
+    fn address_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema;
+    fn max_prefix() -> i32;
+
+    fn address_list_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "array", "items": Self::address_schema(generator) })
+    }
+
+    fn prefix_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "integer", "maximum": Self::max_prefix() })
+    }
+}
+
+macro_rules! address_family {
+    ($(#[$doc:meta])* $name:ident, $pattern:path, $max_prefix:expr) => {
+        $(#[$doc])*
+        #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+        pub struct $name;
+
+        impl AddressFamily for $name {
+            fn address_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string", "pattern": $pattern() })
+            }
+            fn max_prefix() -> i32 {
+                $max_prefix
+            }
+        }
+    };
+}
+
+address_family!(
+    /// IPv4 networks and their routes.
+    Ipv4,
+    super::schema::ipv4_address_pattern,
+    32
+);
+address_family!(
+    /// IPv6 networks and their routes.
+    Ipv6,
+    super::schema::ipv6_address_pattern,
+    128
+);
+address_family!(
+    /// The template-wide DNS services, which take either family.
+    AnyFamily,
+    super::schema::ip_address_pattern,
+    128
+);
+
+/// A reference to a pool of any kind; empty `apiGroup` means a Metal3 IPPool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-map-type" = "atomic"))]
+pub struct PoolRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_group: Option<String>,
+    pub kind: String,
+    pub name: String,
+}
+
+/// A pool named by an annotation (`<namespace>/<name>` or a bare name) on one of the objects.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct FromPoolAnnotation {
+    pub object: TemplateObject,
+    pub annotation: String,
+}
+
+/// An `ipv4` or `ipv6` network with an address from a pool: by name (a Metal3 IPPool), by
+/// `fromPoolRef` (any kind), or by annotation.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", bound = "")]
+#[schemars(bound = "F: AddressFamily")]
+pub struct StaticNetwork<F: AddressFamily> {
+    pub id: String,
+    pub link: String,
+    #[serde(
+        rename = "ipAddressFromIPPool",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ip_address_from_ip_pool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_pool_ref: Option<PoolRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_pool_annotation: Option<FromPoolAnnotation>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<NetworkRoute<F>>,
+}
+
+/// A DHCP or SLAAC network.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(bound = "")]
+#[schemars(bound = "F: AddressFamily")]
+pub struct DynamicNetwork<F: AddressFamily> {
+    pub id: String,
+    pub link: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<NetworkRoute<F>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", bound = "")]
+#[schemars(bound = "F: AddressFamily")]
+pub struct NetworkRoute<F: AddressFamily> {
+    #[schemars(schema_with = "F::address_schema")]
+    pub network: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "F::prefix_schema")]
+    pub prefix: Option<i32>,
+    pub gateway: NetworkGateway<F>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<NetworkServices<F>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", bound = "")]
+#[schemars(bound = "F: AddressFamily")]
+pub struct NetworkGateway<F: AddressFamily> {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "F::address_schema")]
+    pub string: Option<String>,
+    #[serde(
+        rename = "fromIPPool",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub from_ip_pool: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_pool_ref: Option<PoolRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_pool_annotation: Option<FromPoolAnnotation>,
+    #[serde(skip)]
+    pub family: std::marker::PhantomData<F>,
+}
+
+/// DNS servers, static or from a Metal3 IPPool by name.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", bound = "")]
+#[schemars(bound = "F: AddressFamily")]
+pub struct NetworkServices<F: AddressFamily> {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "F::address_list_schema")]
+    pub dns: Vec<String>,
+    #[serde(
+        rename = "dnsFromIPPool",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dns_from_ip_pool: Option<String>,
+    #[serde(skip)]
+    pub family: std::marker::PhantomData<F>,
+}
+
+/// Metal3Data: one host's rendered data, named `<template>-<index>`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "Metal3Data",
+    doc = "The rendered metaData and networkData of one host.",
+    namespaced,
+    status = "Metal3DataStatus",
+    category = "cluster-api",
+    shortname = "m3d",
+    shortname = "m3data",
+    shortname = "m3datas",
+    shortname = "metal3d",
+    shortname = "metal3data",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3Data"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3DataSpec {
+    #[serde(default)]
+    pub index: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_data: Option<SecretReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<SecretReference>,
+    pub claim: ObjectReference,
+    pub template: ObjectReference,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3DataStatus {
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+}
+
+/// Metal3DataClaim: a Metal3Machine's request for rendered data from a template.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "Metal3DataClaim",
+    doc = "A request by a Metal3Machine for rendered data from a Metal3DataTemplate.",
+    namespaced,
+    status = "Metal3DataClaimStatus",
+    category = "cluster-api",
+    shortname = "m3dc",
+    shortname = "m3dataclaim",
+    shortname = "m3dataclaims",
+    shortname = "metal3dc",
+    shortname = "metal3dataclaim",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3DataClaim"}"#
+)]
+pub struct Metal3DataClaimSpec {
+    pub template: ObjectReference,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3DataClaimStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_data: Option<ObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+}

@@ -1,0 +1,84 @@
+//! The parts of Metal3Machine (CAPM3) and BareMetalHost (baremetal-operator) that the Metal3Data
+//! reconciler reads. bitpool does not own these kinds; unknown fields are ignored when reading.
+
+use k8s_openapi::api::core::v1::{ObjectReference, SecretReference};
+use kube::CustomResource;
+use serde::{Deserialize, Serialize};
+
+/// Annotation on a Metal3Machine naming its BareMetalHost as `<namespace>/<name>`.
+pub const BARE_METAL_HOST_ANNOTATION: &str = "metal3.io/BareMetalHost";
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1beta1",
+    kind = "Metal3Machine",
+    namespaced,
+    status = "Metal3MachineStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3MachineSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_template: Option<ObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_data: Option<SecretReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<SecretReference>,
+    #[serde(
+        rename = "providerID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Metal3MachineStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered_data: Option<ObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta_data: Option<SecretReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data: Option<SecretReference>,
+}
+
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "metal3.io",
+    version = "v1alpha1",
+    kind = "BareMetalHost",
+    namespaced,
+    status = "BareMetalHostStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BareMetalHostSpec {
+    #[serde(
+        rename = "bootMACAddress",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub boot_mac_address: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct BareMetalHostStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<HardwareDetails>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct HardwareDetails {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<Nic>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Nic {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub mac: String,
+}

@@ -1,0 +1,9 @@
+//! bitpool: IP address management for bare-metal Kubernetes management clusters.
+//!
+//! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
+//! - [`crds`]: the CustomResourceDefinitions generated from those types.
+//! - [`cli`]: the `bitpool` command line.
+
+pub mod api;
+pub mod cli;
+pub mod crds;

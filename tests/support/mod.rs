@@ -1,0 +1,161 @@
+//! Shared set-up for the integration tests: a real API server ($KUBECONFIG, or the project's own
+//! control plane started by `hack/control-plane.sh up`), CRDs, and one namespace per test.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The repository root.
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `../shared/upstream-crds`, beside the checkout. In CI (CI=true) a missing folder is a failure;
+/// elsewhere tests that need it are skipped with a message.
+pub fn upstream_crds_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("BITPOOL_UPSTREAM_CRDS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("../shared/upstream-crds"));
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    let message = format!("upstream CRDs not found at {}", dir.display());
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{message}: CI must have ../shared beside the checkout");
+    }
+    eprintln!("SKIP: {message} (set BITPOOL_UPSTREAM_CRDS to their folder)");
+    None
+}
+
+/// Reads one multi-document YAML file of CRDs.
+pub fn read_crds(path: &Path) -> Vec<CustomResourceDefinition> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
+}
+
+/// The kubeconfig to use: $KUBECONFIG when set, else the local control plane's (started on demand).
+fn kubeconfig_path() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(path) = std::env::var_os("KUBECONFIG").filter(|p| !p.is_empty()) {
+            return PathBuf::from(path);
+        }
+        let output = std::process::Command::new(root().join("hack/control-plane.sh"))
+            .arg("up")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run hack/control-plane.sh up");
+        assert!(output.status.success(), "hack/control-plane.sh up failed");
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    })
+}
+
+pub async fn client() -> Client {
+    let path = kubeconfig_path();
+    let kubeconfig = Kubeconfig::read_from(path)
+        .unwrap_or_else(|e| panic!("read kubeconfig {}: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("usable kubeconfig");
+    Client::try_from(config).expect("client")
+}
+
+/// Installs CRDs by server-side apply and waits until they are established.
+pub async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) {
+    bitpool::crds::apply(client, crds, Duration::from_secs(60))
+        .await
+        .expect("CRDs install and become established");
+}
+
+/// bitpool's own CRDs, plus the upstream CAPI IPAddressClaim/IPAddress/Cluster/Machine CRDs.
+/// Returns false (test skipped) where the upstream CRDs are not available outside CI.
+pub async fn install_all_crds(client: &Client) -> bool {
+    let Some(upstream) = upstream_crds_dir() else {
+        return false;
+    };
+    let mut crds = bitpool::crds::served();
+    for file in [
+        "cluster-api/ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
+        "cluster-api/ipam.cluster.x-k8s.io_ipaddresses.yaml",
+        "cluster-api/cluster.x-k8s.io_clusters.yaml",
+        "cluster-api/cluster.x-k8s.io_machines.yaml",
+        "cluster-api-provider-metal3/infrastructure.cluster.x-k8s.io_metal3machines.yaml",
+        "baremetal-operator/metal3.io_baremetalhosts.yaml",
+    ] {
+        crds.extend(read_crds(&upstream.join(file)));
+    }
+    install_crds(client, &crds).await;
+    true
+}
+
+/// A namespace of its own for one test, deleted when dropped (also when the test panics).
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub async fn new(client: &Client, prefix: &str) -> Self {
+        let name = format!("{prefix}-{:08x}", rand::random::<u32>());
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("bitpool.test".to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        api.create(&PostParams::default(), &ns)
+            .await
+            .expect("create test namespace");
+        Self { name }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop cannot await; delete from a thread with its own runtime (and its own client: the
+        // test's client is served by the test's runtime, which this thread blocks) so cleanup
+        // also runs when the test panics.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async move {
+                    let api: Api<Namespace> = Api::all(client().await);
+                    let _ = api.delete(&name, &DeleteParams::background()).await;
+                });
+            }
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` with `what` in the message.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
