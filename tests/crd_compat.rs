@@ -75,22 +75,22 @@ fn compare(path: &str, upstream: &Value, ours: &Value, problems: &mut Vec<String
         "x-kubernetes-preserve-unknown-fields",
         "nullable",
     ] {
-        if let Some(expected) = u.get(key).filter(|v| **v != Value::Bool(false)) {
-            if o.get(key) != Some(expected) {
-                problems.push(format!(
-                    "{path}: {key} is {:?}, upstream {expected}",
-                    o.get(key)
-                ));
-            }
-        }
-    }
-    if let Some(pattern) = o.get("pattern") {
-        if u.get("pattern") != Some(pattern) {
+        if let Some(expected) = u.get(key).filter(|v| **v != Value::Bool(false))
+            && o.get(key) != Some(expected)
+        {
             problems.push(format!(
-                "{path}: pattern differs from upstream's ({:?})",
-                u.get("pattern")
+                "{path}: {key} is {:?}, upstream {expected}",
+                o.get(key)
             ));
         }
+    }
+    if let Some(pattern) = o.get("pattern")
+        && u.get("pattern") != Some(pattern)
+    {
+        problems.push(format!(
+            "{path}: pattern differs from upstream's ({:?})",
+            u.get("pattern")
+        ));
     }
     if let Some(Value::Array(ours_enum)) = o.get("enum") {
         match u.get("enum") {

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every check and test bitpool has: formatting, clippy, the CRD drift and compatibility
+# tests, unit and property tests, and the integration tests against a real control plane.
+# Uses $KUBECONFIG when set; otherwise starts the local control plane (hack/control-plane.sh)
+# and stops it again at the end if this script started it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if command -v rustup >/dev/null 2>&1; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+
+if [ -z "${KUBECONFIG:-}" ]; then
+  if ! hack/control-plane.sh status >/dev/null 2>&1; then
+    trap 'hack/control-plane.sh down' EXIT
+  fi
+  KUBECONFIG=$(hack/control-plane.sh up)
+  export KUBECONFIG
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets --quiet -- -D warnings
+echo "== cargo test (KUBECONFIG=$KUBECONFIG)"
+cargo test --all-targets "$@"
