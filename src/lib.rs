@@ -1,9 +1,11 @@
 //! bitpool: IP address management for bare-metal Kubernetes management clusters.
 //!
+//! - [`alloc`]: the allocation core, where an address is chosen (no Kubernetes in it).
 //! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
 //! - [`crds`]: the CustomResourceDefinitions generated from those types.
 //! - [`cli`]: the `bitpool` command line.
 
+pub mod alloc;
 pub mod api;
 pub mod cli;
 pub mod crds;

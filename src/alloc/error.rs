@@ -1,0 +1,71 @@
+//! Errors of the allocation core. Messages name the offending field and value so that a person
+//! reading a condition knows what to change.
+
+use std::net::IpAddr;
+
+use super::family::Family;
+
+/// Why a pool spec cannot be turned into an address space. The pool allocates nothing until the
+/// spec is fixed; addresses already allocated from it are kept.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("{field}: {value:?} is not a valid IP, range, nor CIDR")]
+    Unparseable { field: String, value: String },
+    #[error("{field}: {value:?} is not a valid IP address")]
+    InvalidAddress { field: String, value: String },
+    #[error("{field}: range {value:?} ends before it starts")]
+    ReversedRange { field: String, value: String },
+    #[error(
+        "{field}: {value:?} is {found} but the pool is {pool}; a pool holds one address family"
+    )]
+    MixedFamilies {
+        field: String,
+        value: String,
+        found: Family,
+        pool: Family,
+    },
+    #[error("the pool has no addresses")]
+    NoAddresses,
+    #[error("prefix {prefix} is not valid for {family} (0 to {})", family.bits())]
+    InvalidPrefix { prefix: i64, family: Family },
+    #[error("pools[{index}]: an entry needs a start or a subnet")]
+    EntryWithoutStart { index: usize },
+    #[error("preAllocations[{claim}]: {address} is not in the pool")]
+    PreAllocationOutsidePool { claim: String, address: IpAddr },
+    #[error("preAllocations: {address} is given to both {first:?} and {second:?}")]
+    PreAllocationTwice {
+        address: IpAddr,
+        first: String,
+        second: String,
+    },
+}
+
+/// Why a claim got no address. Transient ones clear when the pool changes or an address frees.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    #[error("the pool has no free address")]
+    Exhausted,
+    #[error("requested address {value:?} is not a valid IP address")]
+    RequestedUnparseable { value: String },
+    #[error("requested address {address} is not in the pool")]
+    RequestedOutsidePool { address: IpAddr },
+    #[error("requested address {address} is already in use")]
+    RequestedInUse { address: IpAddr },
+    #[error("requested address {address} is preallocated to claim {holder:?}")]
+    RequestedPreallocated { address: IpAddr, holder: String },
+    #[error("requested address {requested} conflicts with the preallocated address {preallocated}")]
+    ConflictsWithPreAllocation {
+        requested: IpAddr,
+        preallocated: IpAddr,
+    },
+    #[error("preallocated address {address} is already in use")]
+    PreAllocatedInUse { address: IpAddr },
+}
+
+impl AllocError {
+    /// True when only the pool or its other claims can clear this (waiting helps); false when
+    /// the claim itself must change.
+    pub fn is_exhaustion(&self) -> bool {
+        matches!(self, AllocError::Exhausted)
+    }
+}

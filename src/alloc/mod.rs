@@ -1,0 +1,18 @@
+//! The allocation core: pool specs become address spaces, and addresses are chosen from them.
+//! Plain functions over plain data, no Kubernetes and no I/O.
+//!
+//! - [`pool`]: the two pool dialects (in-cluster provider and Metal3) and their rules.
+//! - [`space`]: [`AddressSpace`], where an address is chosen, released and counted.
+//! - [`set`]: the roaring-bitmap used set and the free-run index behind it.
+//! - [`family`]: addresses as integers, and the textual forms of pool entries.
+
+pub mod error;
+pub mod family;
+pub mod pool;
+pub mod set;
+pub mod space;
+
+pub use error::{AllocError, SpecError};
+pub use family::Family;
+pub use pool::{CapiPool, Metal3Entry, Metal3Pool, Strategy};
+pub use space::{AddressSpace, Counts, Lease, Marked};

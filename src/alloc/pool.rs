@@ -1,0 +1,456 @@
+//! The two pool dialects as plain data, and how each becomes a [`Layout`]: the pool's addresses
+//! as disjoint segments in the order they are handed out, with the prefix, gateway and DNS
+//! servers that go with each.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use super::error::SpecError;
+use super::family::{self, EntryError, Family, Range};
+
+/// How the next address is picked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Strategy {
+    /// The first free address in pool order (upstream's behaviour).
+    #[default]
+    Sequential,
+    /// Uniform over the free addresses.
+    Random,
+}
+
+/// An InClusterIPPool or GlobalInClusterIPPool spec.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapiPool {
+    /// Single IPs, ranges `a-b`, or CIDRs.
+    pub addresses: Vec<String>,
+    pub prefix: i64,
+    pub gateway: Option<String>,
+    pub excluded_addresses: Vec<String>,
+    /// Hand out the network address (and on IPv4 the broadcast address) too.
+    pub allocate_reserved: bool,
+    /// Claim name → address.
+    pub pre_allocations: BTreeMap<String, String>,
+    pub strategy: Strategy,
+    pub dns_servers: Vec<String>,
+}
+
+/// A Metal3 IPPool spec.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metal3Pool {
+    pub entries: Vec<Metal3Entry>,
+    pub prefix: Option<i64>,
+    pub gateway: Option<String>,
+    pub dns_servers: Vec<String>,
+    pub pre_allocations: BTreeMap<String, String>,
+    pub strategy: Strategy,
+}
+
+/// One `pools[]` entry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metal3Entry {
+    pub start: Option<String>,
+    pub end: Option<String>,
+    pub subnet: Option<String>,
+    pub prefix: Option<i64>,
+    pub gateway: Option<String>,
+    pub dns_servers: Vec<String>,
+}
+
+/// What an address is handed out with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseParams {
+    pub prefix: u8,
+    pub gateway: Option<IpAddr>,
+    pub dns_servers: Vec<IpAddr>,
+}
+
+/// Which order "sequential" follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Lowest address first (in-cluster provider: entries are sorted and merged).
+    Address,
+    /// `pools[]` in declaration order, each entry ascending (Metal3).
+    Declaration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub first: u128,
+    pub last: u128,
+    /// Index into [`Layout::params`].
+    pub params: usize,
+}
+
+impl Segment {
+    /// Saturates only for the whole IPv6 space (2^128 addresses).
+    pub fn size(&self) -> u128 {
+        (self.last - self.first).saturating_add(1)
+    }
+}
+
+/// A validated pool: everything an address space is built from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    pub family: Family,
+    pub order: Order,
+    pub strategy: Strategy,
+    /// Disjoint, in the order sequential allocation visits them.
+    pub segments: Vec<Segment>,
+    pub params: Vec<LeaseParams>,
+    /// Claim name → address, each inside a segment.
+    pub pre_allocations: BTreeMap<String, u128>,
+}
+
+/// Sorted, merged inclusive ranges.
+fn normalize(mut ranges: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
+    ranges.sort_unstable();
+    let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
+    for (first, last) in ranges {
+        match merged.last_mut() {
+            Some((_, prev_last)) if prev_last.checked_add(1).is_none_or(|next| first <= next) => {
+                *prev_last = (*prev_last).max(last)
+            }
+            _ => merged.push((first, last)),
+        }
+    }
+    merged
+}
+
+/// `set` without `remove`; both sorted and merged.
+fn subtract(set: &[(u128, u128)], remove: &[(u128, u128)]) -> Vec<(u128, u128)> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &(first, last) in set {
+        let mut cursor = first;
+        let mut open = true;
+        while j < remove.len() && remove[j].1 < cursor {
+            j += 1;
+        }
+        let mut k = j;
+        while open && k < remove.len() && remove[k].0 <= last {
+            let (r_first, r_last) = remove[k];
+            if r_first > cursor {
+                out.push((cursor, r_first - 1));
+            }
+            match r_last.checked_add(1) {
+                Some(next) if r_last < last => cursor = next.max(cursor),
+                _ => open = false,
+            }
+            k += 1;
+        }
+        if open {
+            out.push((cursor, last));
+        }
+    }
+    out
+}
+
+struct FamilyCheck {
+    family: Option<Family>,
+}
+
+impl FamilyCheck {
+    fn check(&mut self, field: &str, value: &str, found: Family) -> Result<(), SpecError> {
+        match self.family {
+            Some(pool) if pool != found => Err(SpecError::MixedFamilies {
+                field: field.to_string(),
+                value: value.to_string(),
+                found,
+                pool,
+            }),
+            _ => {
+                self.family = Some(found);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn entry(field: String, text: &str) -> Result<Range, SpecError> {
+    family::parse_entry(text).map_err(|e| {
+        let value = text.to_string();
+        match e {
+            EntryError::Reversed => SpecError::ReversedRange { field, value },
+            EntryError::Unparseable | EntryError::MixedRange => {
+                SpecError::Unparseable { field, value }
+            }
+        }
+    })
+}
+
+fn address(field: &str, text: &str, families: &mut FamilyCheck) -> Result<IpAddr, SpecError> {
+    let parsed = family::parse_address(text).ok_or_else(|| SpecError::InvalidAddress {
+        field: field.to_string(),
+        value: text.to_string(),
+    })?;
+    families.check(field, text, Family::of(parsed))?;
+    Ok(parsed)
+}
+
+fn addresses(
+    field: &str,
+    texts: &[String],
+    families: &mut FamilyCheck,
+) -> Result<Vec<IpAddr>, SpecError> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| address(&format!("{field}[{i}]"), text, families))
+        .collect()
+}
+
+fn prefix(value: i64, family: Family) -> Result<u8, SpecError> {
+    u8::try_from(value)
+        .ok()
+        .filter(|p| *p <= family.bits())
+        .ok_or(SpecError::InvalidPrefix {
+            prefix: value,
+            family,
+        })
+}
+
+/// Validates preallocations: parseable, of the pool's family, inside a segment, one claim each.
+fn pre_allocations(
+    texts: &BTreeMap<String, String>,
+    families: &mut FamilyCheck,
+    segments: &[Segment],
+) -> Result<BTreeMap<String, u128>, SpecError> {
+    let mut holders: BTreeMap<u128, &str> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for (claim, text) in texts {
+        let parsed = address(&format!("preAllocations[{claim}]"), text, families)?;
+        let value = family::to_value(parsed);
+        if !segments.iter().any(|s| s.first <= value && value <= s.last) {
+            return Err(SpecError::PreAllocationOutsidePool {
+                claim: claim.clone(),
+                address: parsed,
+            });
+        }
+        if let Some(first) = holders.insert(value, claim) {
+            return Err(SpecError::PreAllocationTwice {
+                address: parsed,
+                first: first.to_string(),
+                second: claim.clone(),
+            });
+        }
+        out.insert(claim.clone(), value);
+    }
+    Ok(out)
+}
+
+impl CapiPool {
+    /// The in-cluster provider's rules: entries sorted and merged, minus `excludedAddresses`,
+    /// minus the network address of `<lowest address>/<prefix>` (and on IPv4 its broadcast
+    /// address) unless `allocateReservedIPAddresses`, minus the gateway.
+    pub fn layout(&self) -> Result<Layout, SpecError> {
+        let mut families = FamilyCheck { family: None };
+        let mut ranges = Vec::new();
+        for (i, text) in self.addresses.iter().enumerate() {
+            let field = format!("addresses[{i}]");
+            let range = entry(field.clone(), text)?;
+            families.check(&field, text, range.family)?;
+            ranges.push((range.first, range.last));
+        }
+        let family = families.family.ok_or(SpecError::NoAddresses)?;
+        let prefix = prefix(self.prefix, family)?;
+        let pool = normalize(ranges);
+
+        let mut removed = Vec::new();
+        for (i, text) in self.excluded_addresses.iter().enumerate() {
+            let field = format!("excludedAddresses[{i}]");
+            let range = entry(field.clone(), text)?;
+            families.check(&field, text, range.family)?;
+            removed.push((range.first, range.last));
+        }
+        if !self.allocate_reserved {
+            let (network, broadcast) = family.subnet_bounds(pool[0].0, prefix);
+            removed.push((network, network));
+            if family == Family::V4 {
+                removed.push((broadcast, broadcast));
+            }
+        }
+        let gateway = self
+            .gateway
+            .as_deref()
+            .filter(|g| !g.is_empty())
+            .map(|g| address("gateway", g, &mut families))
+            .transpose()?;
+        if let Some(gateway) = gateway {
+            let value = family::to_value(gateway);
+            removed.push((value, value));
+        }
+        let dns_servers = addresses("dnsServers", &self.dns_servers, &mut families)?;
+
+        let segments: Vec<Segment> = subtract(&pool, &normalize(removed))
+            .into_iter()
+            .map(|(first, last)| Segment {
+                first,
+                last,
+                params: 0,
+            })
+            .collect();
+        let pre_allocations = pre_allocations(&self.pre_allocations, &mut families, &segments)?;
+        Ok(Layout {
+            family,
+            order: Order::Address,
+            strategy: self.strategy,
+            segments,
+            params: vec![LeaseParams {
+                prefix,
+                gateway,
+                dns_servers,
+            }],
+            pre_allocations,
+        })
+    }
+}
+
+impl Metal3Pool {
+    /// Metal3's rules: entries in declaration order (`start`–`end`; `start` to the end of
+    /// `subnet`; `subnet` alone from its second address; an open-ended `start`), each entry's
+    /// own prefix, gateway and DNS servers overriding the pool's. Unlike upstream, gateways are
+    /// never handed out, and an address listed by two entries belongs to the first.
+    pub fn layout(&self) -> Result<Layout, SpecError> {
+        let mut families = FamilyCheck { family: None };
+        let pool_gateway = self
+            .gateway
+            .as_deref()
+            .filter(|g| !g.is_empty())
+            .map(|g| address("gateway", g, &mut families))
+            .transpose()?;
+        let pool_dns = addresses("dnsServers", &self.dns_servers, &mut families)?;
+
+        let mut entry_ranges = Vec::new();
+        let mut params = Vec::new();
+        let mut gateways = Vec::new();
+        gateways.extend(pool_gateway.map(family::to_value));
+        for (i, e) in self.entries.iter().enumerate() {
+            let field = |name: &str| format!("pools[{i}].{name}");
+            let subnet = match e.subnet.as_deref().filter(|s| !s.is_empty()) {
+                Some(text) => {
+                    let (found, value, length) =
+                        family::parse_subnet(text).ok_or_else(|| SpecError::Unparseable {
+                            field: field("subnet"),
+                            value: text.to_string(),
+                        })?;
+                    families.check(&field("subnet"), text, found)?;
+                    Some((found.subnet_bounds(value, length), length))
+                }
+                None => None,
+            };
+            let mut bound =
+                |name: &str, text: &Option<String>| -> Result<Option<u128>, SpecError> {
+                    text.as_deref()
+                        .filter(|t| !t.is_empty())
+                        .map(|t| address(&field(name), t, &mut families).map(family::to_value))
+                        .transpose()
+                };
+            let start = bound("start", &e.start)?;
+            let end = bound("end", &e.end)?;
+            let family = families
+                .family
+                .ok_or(SpecError::EntryWithoutStart { index: i })?;
+            let first = match (start, subnet) {
+                (Some(start), _) => start,
+                // The subnet's first address is its network address; upstream starts after it.
+                (None, Some(((network, _), _))) => network.saturating_add(1),
+                (None, None) => return Err(SpecError::EntryWithoutStart { index: i }),
+            };
+            let last = match (end, subnet) {
+                (Some(end), _) => end,
+                (None, Some(((_, last), _))) => last,
+                (None, None) => family.max(),
+            };
+            if last < first && (start.is_some() && end.is_some()) {
+                return Err(SpecError::ReversedRange {
+                    field: format!("pools[{i}]"),
+                    value: format!("{}-{}", family.address(first), family.address(last)),
+                });
+            }
+            let gateway = match e.gateway.as_deref().filter(|g| !g.is_empty()) {
+                Some(text) => Some(address(&field("gateway"), text, &mut families)?),
+                None => pool_gateway,
+            };
+            gateways.extend(gateway.map(family::to_value));
+            let dns = addresses(&field("dnsServers"), &e.dns_servers, &mut families)?;
+            let entry_prefix = e
+                .prefix
+                .filter(|p| *p != 0)
+                .or(self.prefix.filter(|p| *p != 0))
+                .unwrap_or_else(|| subnet.map_or(0, |(_, length)| i64::from(length)));
+            params.push(LeaseParams {
+                prefix: prefix(entry_prefix, family)?,
+                gateway,
+                dns_servers: if dns.is_empty() {
+                    pool_dns.clone()
+                } else {
+                    dns
+                },
+            });
+            entry_ranges.push((first <= last).then_some((first, last)));
+        }
+        let family = families.family.ok_or(SpecError::NoAddresses)?;
+
+        let gateways = normalize(gateways.into_iter().map(|g| (g, g)).collect());
+        let mut claimed: Vec<(u128, u128)> = Vec::new();
+        let mut segments = Vec::new();
+        for (i, range) in entry_ranges.into_iter().enumerate() {
+            let Some(range) = range else { continue };
+            let mut taken = claimed.clone();
+            taken.extend_from_slice(&gateways);
+            for (first, last) in subtract(&[range], &normalize(taken)) {
+                segments.push(Segment {
+                    first,
+                    last,
+                    params: i,
+                });
+            }
+            claimed.push(range);
+            claimed = normalize(claimed);
+        }
+        if segments.is_empty() {
+            return Err(SpecError::NoAddresses);
+        }
+        let pre_allocations = pre_allocations(&self.pre_allocations, &mut families, &segments)?;
+        Ok(Layout {
+            family,
+            order: Order::Declaration,
+            strategy: self.strategy,
+            segments,
+            params,
+            pre_allocations,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subtract_removes_points_and_ranges() {
+        assert_eq!(subtract(&[(0, 10)], &[(0, 0), (10, 10)]), vec![(1, 9)]);
+        assert_eq!(
+            subtract(&[(0, 10), (20, 30)], &[(5, 25)]),
+            vec![(0, 4), (26, 30)]
+        );
+        assert_eq!(subtract(&[(0, 10)], &[(0, 10)]), vec![]);
+        assert_eq!(
+            subtract(&[(0, u128::MAX)], &[(u128::MAX, u128::MAX)]),
+            vec![(0, u128::MAX - 1)]
+        );
+        assert_eq!(subtract(&[(5, 9)], &[(1, 2), (11, 12)]), vec![(5, 9)]);
+    }
+
+    #[test]
+    fn normalize_merges_adjacent_and_overlapping() {
+        assert_eq!(
+            normalize(vec![(5, 9), (0, 4), (7, 12), (20, 20)]),
+            vec![(0, 12), (20, 20)]
+        );
+        assert_eq!(
+            normalize(vec![(0, u128::MAX), (3, 4)]),
+            vec![(0, u128::MAX)]
+        );
+    }
+}
