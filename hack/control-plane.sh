@@ -129,7 +129,7 @@ running() {
 wait_ready() {
   local what=$1 url=$2 deadline=$(($(date +%s) + $3))
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    if curl -sk --max-time 2 -H "Authorization: Bearer $(cat "$STATE_DIR/token")" "$url" 2>/dev/null | grep -q '^ok'; then
+    if curl -s --cacert "$STATE_DIR/pki/ca.crt" --max-time 2 -H "Authorization: Bearer $(cat "$STATE_DIR/token")" "$url" 2>/dev/null | grep -q '^ok'; then
       return 0
     fi
     sleep 0.5
@@ -161,6 +161,12 @@ up() {
   openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
   openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=bitpool-test-ca" \
     -keyout "$pki/ca.key" -out "$pki/ca.crt" 2>/dev/null
+  # A serving certificate for 127.0.0.1 signed by that CA, so clients verify the server.
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=kube-apiserver" -keyout "$pki/serving.key" \
+    -out "$pki/serving.csr" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/serving.ext"
+  openssl x509 -req -in "$pki/serving.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/serving.ext" -out "$pki/serving.crt" 2>/dev/null
   head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STATE_DIR/token"
   echo "$(cat "$STATE_DIR/token"),admin,admin,system:masters" >"$STATE_DIR/tokens.csv"
   cat >"$KUBECONFIG_PATH" <<EOF
@@ -170,7 +176,7 @@ clusters:
 - name: bitpool-test
   cluster:
     server: https://127.0.0.1:$API_PORT
-    insecure-skip-tls-verify: true
+    certificate-authority: $pki/ca.crt
 users:
 - name: admin
   user:
@@ -187,7 +193,8 @@ EOF
     --initial-cluster "bitpool-test=http://127.0.0.1:$ETCD_PEER_PORT"
   start_process kube-apiserver "$BIN_DIR/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --secure-port "$API_PORT" --insecure-port 0 \
-    --advertise-address 127.0.0.1 --endpoint-reconciler-type none --cert-dir "$pki/serving" \
+    --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
+    --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
     --token-auth-file "$STATE_DIR/tokens.csv" --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \

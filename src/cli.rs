@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::crds;
+use crate::{controllers, crds};
 
 #[derive(Debug, Parser)]
 #[command(name = "bitpool", version, about = "IP address management for bare-metal Kubernetes", long_about = None)]
@@ -31,6 +31,20 @@ pub struct RunArgs {
     /// How long to wait at start-up for bitpool's CRDs to be installed and established.
     #[arg(long, env = "BITPOOL_CRD_WAIT_SECONDS", default_value_t = 300)]
     pub crd_wait_seconds: u64,
+    /// Serve only claims, addresses and namespaced pools of this namespace (default: all).
+    #[arg(long, env = "BITPOOL_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Reconcile only pools and claims labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    #[arg(long, env = "BITPOOL_WATCH_FILTER")]
+    pub watch_filter: Option<String>,
+    /// Namespace for the ledgers of cluster-scoped pools (GlobalInClusterIPPool). Every bitpool
+    /// process of a cluster must use the same one. Created if missing.
+    #[arg(
+        long,
+        env = "BITPOOL_LEDGER_NAMESPACE",
+        default_value = "bitpool-system"
+    )]
+    pub ledger_namespace: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -113,15 +127,19 @@ fn init_tracing(format: LogFormat) {
 async fn run(args: RunArgs) -> Result<(), Error> {
     init_tracing(args.log_format);
     let client = kube::Client::try_default().await.map_err(Error::Connect)?;
-    crds::wait_established(
-        &client,
-        &crds::served(),
-        Duration::from_secs(args.crd_wait_seconds),
-    )
-    .await?;
-    tracing::info!("bitpool's CRDs are established");
-    shutdown_signal().await;
-    tracing::info!("shutting down");
+    // bitpool's own CRDs, and the contract's IPAddressClaim and IPAddress (from Cluster API
+    // core, or `bitpool crds --apply --standalone`).
+    let mut required = crds::served();
+    required.extend(crds::standalone());
+    let wait = Duration::from_secs(args.crd_wait_seconds);
+    crds::wait_established(&client, &required, wait).await?;
+    let settings = controllers::Settings {
+        namespace: args.namespace,
+        watch_filter: args.watch_filter,
+        ledger_namespace: args.ledger_namespace,
+    };
+    controllers::run(client, settings, shutdown_signal()).await;
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -3,9 +3,11 @@
 //! - [`alloc`]: the allocation core, where an address is chosen (no Kubernetes in it).
 //! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
 //! - [`crds`]: the CustomResourceDefinitions generated from those types.
+//! - [`controllers`]: the reconcilers (fetch, compute with [`alloc`], apply, write status).
 //! - [`cli`]: the `bitpool` command line.
 
 pub mod alloc;
 pub mod api;
 pub mod cli;
+pub mod controllers;
 pub mod crds;

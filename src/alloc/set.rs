@@ -79,6 +79,64 @@ impl AddressSet {
     }
 }
 
+/// Why a serialized [`AddressSet`] could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed address set: {0}")]
+pub struct DecodeError(String);
+
+impl AddressSet {
+    /// A compact binary form: per high half, its 8 bytes, the length of its roaring encoding
+    /// (8 bytes), then the portable roaring serialization of its low halves.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (high, half) in &self.halves {
+            out.extend_from_slice(&high.to_be_bytes());
+            let mut body = Vec::with_capacity(half.serialized_size());
+            // Writing into a Vec cannot fail.
+            let _ = half.serialize_into(&mut body);
+            out.extend_from_slice(&(body.len() as u64).to_be_bytes());
+            out.extend_from_slice(&body);
+        }
+        out
+    }
+
+    pub fn from_bytes(mut bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut set = Self::default();
+        let take = |n: usize, bytes: &mut &[u8]| -> Result<Vec<u8>, DecodeError> {
+            if bytes.len() < n {
+                return Err(DecodeError(format!(
+                    "truncated: wanted {n} bytes, {} left",
+                    bytes.len()
+                )));
+            }
+            let (head, tail) = bytes.split_at(n);
+            *bytes = tail;
+            Ok(head.to_vec())
+        };
+        while !bytes.is_empty() {
+            let high = u64::from_be_bytes(
+                take(8, &mut bytes)?
+                    .try_into()
+                    .map_err(|_| DecodeError("high".into()))?,
+            );
+            let len = u64::from_be_bytes(
+                take(8, &mut bytes)?
+                    .try_into()
+                    .map_err(|_| DecodeError("length".into()))?,
+            );
+            let len =
+                usize::try_from(len).map_err(|_| DecodeError(format!("length {len} too large")))?;
+            let body = take(len, &mut bytes)?;
+            let half = RoaringTreemap::deserialize_from(&body[..])
+                .map_err(|e| DecodeError(e.to_string()))?;
+            if !half.is_empty() {
+                set.halves.insert(high, half);
+            }
+        }
+        Ok(set)
+    }
+}
+
 /// Disjoint, non-adjacent inclusive runs `first..=last`, keyed by `first`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FreeRuns {
@@ -194,6 +252,30 @@ mod tests {
         );
         assert!(set.remove(u128::MAX) && !set.remove(u128::MAX));
         assert_eq!(AddressSet::from_sorted(&[5, 1 << 70, (1 << 70) + 3]), set);
+    }
+
+    #[test]
+    fn address_sets_survive_serialization_and_reject_garbage() {
+        let mut set = AddressSet::default();
+        for v in (0..70_000u128).chain([1 << 100, u128::MAX]) {
+            set.insert(v);
+        }
+        let bytes = set.to_bytes();
+        assert!(
+            bytes.len() < 20_000,
+            "70,000 consecutive addresses encode small ({} bytes)",
+            bytes.len()
+        );
+        assert_eq!(AddressSet::from_bytes(&bytes).expect("round trip"), set);
+        assert_eq!(
+            AddressSet::from_bytes(&[]).expect("empty"),
+            AddressSet::default()
+        );
+        assert!(AddressSet::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+        assert!(
+            AddressSet::from_bytes(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3])
+                .is_err()
+        );
     }
 
     #[test]

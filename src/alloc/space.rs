@@ -161,6 +161,12 @@ impl AddressSpace {
         }
     }
 
+    /// The lease for an allocated `address`: its entry's parameters, or for an address the pool
+    /// no longer contains, the pool's first entry's.
+    pub fn lease_for(&self, address: IpAddr) -> Lease {
+        self.lease_of(family::to_value(address))
+    }
+
     fn lease_of(&self, value: u128) -> Lease {
         match self.segment_of(value) {
             Some(segment) => self.lease_with(value, &self.layout.params[segment.params]),

@@ -1,0 +1,314 @@
+//! One ledger transaction, as a pure function: what a pool reconcile wants (allocations for
+//! claims without an address, bindings, confirmations, releases), applied to a ledger read from
+//! the server. The reconciler writes the result with the ledger's resourceVersion and, on a
+//! conflict, applies the same intent to the fresh ledger.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use rand::Rng;
+
+use super::ledger::{Ledger, Reservation};
+use crate::alloc::{AddressSpace, AllocError, Lease};
+
+/// A claim as the ledger knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimId {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ClaimId {
+    fn reservation(&self, since: &str) -> Reservation {
+        Reservation {
+            claim_namespace: self.namespace.clone(),
+            claim_name: self.name.clone(),
+            claim_uid: self.uid.clone(),
+            since: since.to_string(),
+        }
+    }
+}
+
+/// A claim that needs an address.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub claim: ClaimId,
+    /// The claim's `ipAddress` annotation.
+    pub requested: Option<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Intent {
+    /// Claims without an IPAddress: each gets its reserved address, or a new one.
+    pub allocate: Vec<Request>,
+    /// Addresses whose IPAddress is about to go away (or has gone) while their claim still
+    /// needs them recorded: keep them reserved for that claim.
+    pub bind: Vec<(IpAddr, ClaimId)>,
+    /// IPAddress objects found (and verified) that the ledger does not list.
+    pub adopt: Vec<IpAddr>,
+    /// IPAddresses now known to exist: clear the claim's reservation.
+    pub confirm: Vec<(IpAddr, String)>,
+    /// Addresses whose claim is done with them (IPAddress verified gone).
+    pub release: Vec<(IpAddr, String)>,
+    /// Addresses with neither a reservation nor an IPAddress (verified by a fresh list).
+    pub release_unbound: Vec<IpAddr>,
+    /// Claims (by UID) that are gone or done: free whatever they have reserved.
+    pub release_claims: Vec<String>,
+}
+
+impl Intent {
+    pub fn is_empty(&self) -> bool {
+        self.allocate.is_empty()
+            && self.bind.is_empty()
+            && self.adopt.is_empty()
+            && self.confirm.is_empty()
+            && self.release.is_empty()
+            && self.release_unbound.is_empty()
+            && self.release_claims.is_empty()
+    }
+}
+
+/// Why a claim got no address from this transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Alloc(AllocError),
+    /// The pool's spec is invalid; nothing is allocated until it is fixed.
+    PoolInvalid,
+}
+
+/// The next ledger, and the outcome for each claim in `intent.allocate` (by UID).
+pub fn apply(
+    ledger: &Ledger,
+    space: Option<&AddressSpace>,
+    intent: &Intent,
+    now: &str,
+    rng: &mut impl Rng,
+) -> (Ledger, BTreeMap<String, Result<Lease, Refusal>>) {
+    let mut next = ledger.clone();
+    for (address, uid) in &intent.release {
+        let reserved_for_other = next
+            .pending
+            .get(&address.to_string())
+            .is_some_and(|r| &r.claim_uid != uid);
+        if !reserved_for_other {
+            next.remove(*address);
+        }
+    }
+    for uid in &intent.release_claims {
+        if let Some((address, _)) = next.reservation_of(uid) {
+            next.remove(address);
+        }
+    }
+    for address in &intent.release_unbound {
+        if !next.pending.contains_key(&address.to_string()) {
+            next.remove(*address);
+        }
+    }
+    for (address, uid) in &intent.confirm {
+        next.confirm(*address, uid);
+    }
+    for address in &intent.adopt {
+        next.insert(*address);
+    }
+    for (address, claim) in &intent.bind {
+        if !next.pending.contains_key(&address.to_string()) {
+            next.reserve(*address, claim.reservation(now));
+        }
+    }
+
+    let mut outcomes = BTreeMap::new();
+    let Some(space) = space else {
+        for request in &intent.allocate {
+            outcomes.insert(request.claim.uid.clone(), Err(Refusal::PoolInvalid));
+        }
+        return (next, outcomes);
+    };
+    let mut space = space.clone();
+    space.mark_all_used(next.addresses());
+    for request in &intent.allocate {
+        let outcome = match next.reservation_of(&request.claim.uid) {
+            Some((address, _)) => Ok(space.lease_for(address)),
+            None => match space.allocate(&request.claim.name, request.requested.as_deref(), rng) {
+                Ok(lease) => {
+                    next.reserve(lease.address, request.claim.reservation(now));
+                    Ok(lease)
+                }
+                Err(e) => Err(Refusal::Alloc(e)),
+            },
+        };
+        outcomes.insert(request.claim.uid.clone(), outcome);
+    }
+    (next, outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::CapiPool;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("test address")
+    }
+
+    fn claim(uid: &str) -> ClaimId {
+        ClaimId {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+        }
+    }
+
+    fn request(uid: &str) -> Request {
+        Request {
+            claim: claim(uid),
+            requested: None,
+        }
+    }
+
+    fn space() -> AddressSpace {
+        AddressSpace::capi(&CapiPool {
+            addresses: vec!["10.0.0.1-10.0.0.3".into()],
+            prefix: 24,
+            ..Default::default()
+        })
+        .expect("valid")
+    }
+
+    #[test]
+    fn allocations_reserve_and_a_retry_reuses_the_reservation() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let intent = Intent {
+            allocate: vec![request("a"), request("b")],
+            ..Default::default()
+        };
+        let (first, outcomes) = apply(&Ledger::default(), Some(&space()), &intent, "t0", &mut rng);
+        assert_eq!(
+            outcomes["a"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.1"))
+        );
+        assert_eq!(
+            outcomes["b"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.2"))
+        );
+        assert_eq!(first.pending.len(), 2);
+        // The same intent against the written ledger (a retry after a crash, or a second
+        // process) gives each claim the address it already has: nothing new is allocated.
+        let (second, again) = apply(&first, Some(&space()), &intent, "t1", &mut rng);
+        assert_eq!(second, first);
+        assert_eq!(again, outcomes);
+    }
+
+    #[test]
+    fn a_stale_writer_recomputing_on_the_fresh_ledger_never_duplicates() {
+        let mut rng = StdRng::seed_from_u64(2);
+        let base = Ledger::default();
+        // Process 1 wins the write for claim a; process 2 computed for claim b on the old ledger,
+        // got a conflict, and recomputes on process 1's ledger.
+        let (after_one, _) = apply(
+            &base,
+            Some(&space()),
+            &Intent {
+                allocate: vec![request("a")],
+                ..Default::default()
+            },
+            "t",
+            &mut rng,
+        );
+        let (after_two, outcomes) = apply(
+            &after_one,
+            Some(&space()),
+            &Intent {
+                allocate: vec![request("b")],
+                ..Default::default()
+            },
+            "t",
+            &mut rng,
+        );
+        assert_eq!(
+            outcomes["b"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.2"))
+        );
+        assert_eq!(after_two.allocated.len(), 2);
+    }
+
+    #[test]
+    fn confirm_release_and_exhaustion() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let all = Intent {
+            allocate: vec![request("a"), request("b"), request("c"), request("d")],
+            ..Default::default()
+        };
+        let (ledger, outcomes) = apply(&Ledger::default(), Some(&space()), &all, "t", &mut rng);
+        assert_eq!(outcomes["d"], Err(Refusal::Alloc(AllocError::Exhausted)));
+        let done = Intent {
+            confirm: vec![
+                (ip("10.0.0.1"), "a".into()),
+                (ip("10.0.0.2"), "wrong".into()),
+            ],
+            release: vec![(ip("10.0.0.3"), "c".into())],
+            allocate: vec![request("d")],
+            ..Default::default()
+        };
+        let (ledger, outcomes) = apply(&ledger, Some(&space()), &done, "t", &mut rng);
+        assert_eq!(
+            outcomes["d"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.3")),
+            "a released address is reused"
+        );
+        assert!(!ledger.pending.contains_key("10.0.0.1"), "confirmed");
+        assert!(
+            ledger.pending.contains_key("10.0.0.2"),
+            "another claim cannot confirm b's reservation"
+        );
+    }
+
+    #[test]
+    fn releases_never_free_an_address_reserved_for_another_claim() {
+        let mut rng = StdRng::seed_from_u64(4);
+        let mut ledger = Ledger::default();
+        ledger.reserve(ip("10.0.0.1"), claim("a").reservation("t"));
+        ledger.insert(ip("10.0.0.2"));
+        let intent = Intent {
+            release: vec![(ip("10.0.0.1"), "b".into())],
+            release_unbound: vec![ip("10.0.0.1"), ip("10.0.0.2")],
+            release_claims: vec!["b".into()],
+            ..Default::default()
+        };
+        let (next, _) = apply(&ledger, Some(&space()), &intent, "t", &mut rng);
+        assert!(next.contains(ip("10.0.0.1")), "still a's");
+        assert!(
+            !next.contains(ip("10.0.0.2")),
+            "unbound and verified absent: freed"
+        );
+        let (next, _) = apply(
+            &next,
+            Some(&space()),
+            &Intent {
+                release_claims: vec!["a".into()],
+                ..Default::default()
+            },
+            "t",
+            &mut rng,
+        );
+        assert!(
+            !next.contains(ip("10.0.0.1")),
+            "a's reservation released with a"
+        );
+    }
+
+    #[test]
+    fn an_invalid_pool_allocates_nothing_but_keeps_the_ledger() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let ledger = Ledger::from_addresses([ip("10.0.0.1")]);
+        let intent = Intent {
+            allocate: vec![request("a")],
+            ..Default::default()
+        };
+        let (next, outcomes) = apply(&ledger, None, &intent, "t", &mut rng);
+        assert_eq!(next, ledger);
+        assert_eq!(outcomes["a"], Err(Refusal::PoolInvalid));
+    }
+}

@@ -1,0 +1,359 @@
+//! The reconcilers and their wiring: one watch per kind feeds a shared cache (the reflector
+//! stores, used as indexes) and triggers every controller that cares about it.
+//!
+//! - [`capi`]: InClusterIPPool / GlobalInClusterIPPool serving IPAddressClaims, one batch per pool.
+//! - [`claims`]: claims whose pool does not exist.
+//! - [`ledger`] and [`intent`]: the per-pool record that makes the API server the judge of every
+//!   allocation, and the pure transaction applied to it.
+
+pub mod capi;
+pub mod claims;
+pub mod error;
+pub mod intent;
+pub mod ledger;
+pub mod objects;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+pub use error::Error;
+
+use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
+use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use capi::PoolKey;
+
+/// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+/// Events buffered per subscriber of a shared watch.
+const SUBSCRIBE_BUFFER: usize = 1024;
+
+/// Settings of a running bitpool, from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch claims, addresses and namespaced pools of this namespace only.
+    pub namespace: Option<String>,
+    /// Reconcile only pools and claims labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// Where the ledgers of cluster-scoped pools live.
+    pub ledger_namespace: String,
+}
+
+/// What every reconcile reads: the client, the settings and the shared caches.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub claims: Store<IPAddressClaim>,
+    pub addresses: Store<IPAddress>,
+    /// `None` when Cluster API core is not installed (nothing can pause a claim then).
+    pub clusters: Option<Store<Cluster>>,
+    pub pools: Store<InClusterIPPool>,
+    pub global_pools: Store<GlobalInClusterIPPool>,
+    orphan_since: Mutex<HashMap<PoolKey, Instant>>,
+}
+
+impl Context {
+    pub fn orphan_watch(&self, key: &PoolKey) -> Option<Instant> {
+        self.orphan_since.lock().ok()?.get(key).copied()
+    }
+
+    pub fn orphan_watch_start(&self, key: &PoolKey) -> Instant {
+        match self.orphan_since.lock() {
+            Ok(mut map) => *map.entry(key.clone()).or_insert_with(Instant::now),
+            Err(_) => Instant::now(),
+        }
+    }
+
+    pub fn forget_orphans(&self, key: &PoolKey) {
+        if let Ok(mut map) = self.orphan_since.lock() {
+            map.remove(key);
+        }
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn watch_config(settings: &Settings, filtered: bool) -> watcher::Config {
+    let config = watcher::Config::default().any_semantic();
+    match (&settings.watch_filter, filtered) {
+        (Some(value), true) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
+        _ => config,
+    }
+}
+
+/// A shared cache of `K` kept by one watch, and a way to subscribe to its changes.
+struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Option<reflector::store::Writer<K>>,
+    driver: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    ObjectRef<K>: Hash + Eq,
+{
+    fn new() -> Self {
+        let (store, writer) = reflector::store_shared(SUBSCRIBE_BUFFER);
+        Self {
+            store,
+            writer: Some(writer),
+            driver: None,
+        }
+    }
+
+    fn subscribe(&self) -> Option<ReflectHandle<K>> {
+        self.writer.as_ref()?.subscribe()
+    }
+
+    /// Starts the watch that fills the cache (after every subscriber is registered).
+    fn start(&mut self, api: Api<K>, config: watcher::Config) {
+        let Some(writer) = self.writer.take() else {
+            return;
+        };
+        let kind = K::kind(&()).to_string();
+        let stream = watcher(api, config)
+            .default_backoff()
+            .reflect_shared(writer)
+            .for_each(move |event| {
+                if let Err(e) = event {
+                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+                }
+                future::ready(())
+            });
+        self.driver = Some(tokio::spawn(stream));
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Drop for Shared<K> {
+    fn drop(&mut self) {
+        if let Some(driver) = &self.driver {
+            driver.abort();
+        }
+    }
+}
+
+fn error_policy<K>(object: Arc<K>, error: &Error, _: Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    tracing::warn!(kind = %K::kind(&()), name = %name, error = %error, error_kind = error.kind(), "reconcile failed");
+    match error.retry_after() {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    }
+}
+
+async fn crd_exists(client: &Client, name: &str) -> bool {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    matches!(crds.get_opt(name).await, Ok(Some(_)))
+}
+
+/// Creates the ledger namespace if it is missing (a missing one would stop every global pool).
+async fn ensure_namespace(client: &Client, name: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if let Ok(Some(_)) = namespaces.get_opt(name).await {
+        return;
+    }
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => tracing::info!(namespace = name, "created the ledger namespace"),
+        Err(e) => {
+            tracing::warn!(namespace = name, error = %e, "cannot create the ledger namespace")
+        }
+    }
+}
+
+/// Runs every controller until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    ensure_namespace(&client, &settings.ledger_namespace).await;
+    let namespace = settings.namespace.clone();
+    let ns = namespace.as_deref();
+
+    let mut claims = Shared::<IPAddressClaim>::new();
+    let mut addresses = Shared::<IPAddress>::new();
+    let mut pools = Shared::<InClusterIPPool>::new();
+    let mut global_pools = Shared::<GlobalInClusterIPPool>::new();
+    let mut clusters = crd_exists(&client, "clusters.cluster.x-k8s.io")
+        .await
+        .then(Shared::<Cluster>::new);
+    if clusters.is_none() {
+        tracing::info!(
+            "Cluster API core is not installed: claims are never paused through a Cluster"
+        );
+    }
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        settings: settings.clone(),
+        claims: claims.store.clone(),
+        addresses: addresses.store.clone(),
+        clusters: clusters.as_ref().map(|c| c.store.clone()),
+        pools: pools.store.clone(),
+        global_pools: global_pools.store.clone(),
+        orphan_since: Mutex::new(HashMap::new()),
+    });
+
+    let config = ControllerConfig::default().debounce(Duration::from_millis(100));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let stop_signal = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+
+    let in_cluster =
+        pool_controller::<InClusterIPPool>(&pools, &claims, &addresses, clusters.as_ref(), &ctx)
+            .map(|c| {
+                c.with_config(config.clone())
+                    .graceful_shutdown_on(stop_signal())
+            });
+    let global = pool_controller::<GlobalInClusterIPPool>(
+        &global_pools,
+        &claims,
+        &addresses,
+        clusters.as_ref(),
+        &ctx,
+    )
+    .map(|c| {
+        c.with_config(config.clone())
+            .graceful_shutdown_on(stop_signal())
+    });
+    let orphan_claims = claims.subscribe().map(|trigger| {
+        Controller::for_shared_stream(trigger, claims.store.clone())
+            .with_config(config.clone())
+            .graceful_shutdown_on(stop_signal())
+    });
+
+    claims.start(api(&client, ns), watch_config(&settings, true));
+    addresses.start(api(&client, ns), watch_config(&settings, false));
+    pools.start(api(&client, ns), watch_config(&settings, true));
+    global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
+    if let Some(clusters) = clusters.as_mut() {
+        clusters.start(api(&client, ns), watch_config(&settings, false));
+    }
+
+    let in_cluster = async {
+        if let Some(c) = in_cluster {
+            drive(c.run(
+                capi::reconcile::<InClusterIPPool>,
+                error_policy,
+                ctx.clone(),
+            ))
+            .await;
+        }
+    };
+    let global = async {
+        if let Some(c) = global {
+            drive(c.run(
+                capi::reconcile::<GlobalInClusterIPPool>,
+                error_policy,
+                ctx.clone(),
+            ))
+            .await;
+        }
+    };
+    let orphan_claims = async {
+        if let Some(c) = orphan_claims {
+            drive(c.run(claims::reconcile, error_policy, ctx.clone())).await;
+        }
+    };
+    let stop_on_shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, "controllers started");
+    future::join4(in_cluster, global, orphan_claims, stop_on_shutdown).await;
+}
+
+/// Runs a controller to its end (shutdown); failed reconciles were logged by [`error_policy`].
+async fn drive<K: Resource>(
+    results: impl futures::Stream<
+        Item = Result<
+            (ObjectRef<K>, Action),
+            kube::runtime::controller::Error<Error, watcher::Error>,
+        >,
+    >,
+) {
+    results
+        .for_each(|result| {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+            future::ready(())
+        })
+        .await;
+}
+
+/// A controller for one CAPI pool kind, triggered by its pools, their claims and addresses, and
+/// the Clusters of those claims (for pause and unpause).
+fn pool_controller<P>(
+    pools: &Shared<P>,
+    claims: &Shared<IPAddressClaim>,
+    addresses: &Shared<IPAddress>,
+    clusters: Option<&Shared<Cluster>>,
+    ctx: &Arc<Context>,
+) -> Option<Controller<P>>
+where
+    P: capi::CapiPoolKind,
+    ObjectRef<P>: Hash + Eq,
+{
+    let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
+        .watches_shared_stream(claims.subscribe()?, |claim| {
+            PoolKey::of_claim(&claim).and_then(|k| k.object_ref::<P>())
+        })
+        .watches_shared_stream(addresses.subscribe()?, |address| {
+            PoolKey::of_address(&address).and_then(|k| k.object_ref::<P>())
+        });
+    if let Some(clusters) = clusters {
+        let claim_store = ctx.claims.clone();
+        controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {
+            let namespace = cluster.meta().namespace.clone();
+            let name = cluster.meta().name.clone();
+            claim_store
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    c.meta().namespace == namespace
+                        && objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta())
+                            == name.as_deref()
+                })
+                .filter_map(|c| PoolKey::of_claim(&c).and_then(|k| k.object_ref::<P>()))
+                .collect::<Vec<_>>()
+        });
+    }
+    Some(controller)
+}

@@ -1,0 +1,231 @@
+//! Small, shared operations on Kubernetes objects: finalizers (written with the object's
+//! resourceVersion so a stale cache cannot overwrite a newer object), conditions, owner
+//! references and pause checks.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::error::Error;
+use crate::api::labels;
+
+pub fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
+    meta.finalizers.iter().flatten().any(|f| f == finalizer)
+}
+
+/// What a finalizer patch found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum FinalizerPatch {
+    Done,
+    /// The object changed since it was read (409) or is gone (404): read it again.
+    Stale,
+}
+
+async fn patch_finalizers<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizers: Vec<String>,
+) -> Result<FinalizerPatch, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": object.meta().resource_version,
+            "finalizers": finalizers,
+        }
+    });
+    match api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(FinalizerPatch::Done),
+        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+            Ok(FinalizerPatch::Stale)
+        }
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+pub async fn add_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<FinalizerPatch, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    if has_finalizer(object.meta(), finalizer) {
+        return Ok(FinalizerPatch::Done);
+    }
+    let mut finalizers = object.finalizers().to_vec();
+    finalizers.push(finalizer.to_string());
+    patch_finalizers(api, object, finalizers).await
+}
+
+pub async fn remove_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> Result<FinalizerPatch, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    if !has_finalizer(object.meta(), finalizer) {
+        return Ok(FinalizerPatch::Done);
+    }
+    let finalizers = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    patch_finalizers(api, object, finalizers).await
+}
+
+pub fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+pub fn condition(
+    type_: &str,
+    ready: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    Condition {
+        type_: type_.to_string(),
+        status: if ready { "True" } else { "False" }.to_string(),
+        reason: reason.to_string(),
+        message,
+        last_transition_time: now(),
+        observed_generation: generation,
+    }
+}
+
+/// Puts `new` into `conditions`, keeping the transition time when the status does not change.
+/// Returns whether anything but the time changed.
+pub fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition) -> bool {
+    match conditions.iter_mut().find(|c| c.type_ == new.type_) {
+        Some(existing) => {
+            let same = existing.status == new.status
+                && existing.reason == new.reason
+                && existing.message == new.message
+                && existing.observed_generation == new.observed_generation;
+            if same {
+                return false;
+            }
+            if existing.status == new.status {
+                new.last_transition_time = existing.last_transition_time.clone();
+            }
+            *existing = new;
+            true
+        }
+        None => {
+            conditions.push(new);
+            true
+        }
+    }
+}
+
+/// An owner reference to `owner`; `controller` marks the managing owner.
+pub fn owner_reference<K: Resource<DynamicType = ()>>(
+    owner: &K,
+    controller: bool,
+) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: K::api_version(&()).to_string(),
+        kind: K::kind(&()).to_string(),
+        name: owner.meta().name.clone()?,
+        uid: owner.meta().uid.clone()?,
+        controller: Some(controller),
+        block_owner_deletion: Some(true),
+    })
+}
+
+pub fn is_paused(meta: &ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(labels::PAUSED))
+}
+
+/// The Cluster an object belongs to: its explicit cluster name, else the cluster-name label.
+pub fn cluster_name<'a>(explicit: Option<&'a str>, meta: &'a ObjectMeta) -> Option<&'a str> {
+    explicit.filter(|n| !n.is_empty()).or_else(|| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(labels::CLUSTER_NAME))
+            .map(String::as_str)
+    })
+}
+
+/// Labels with `key=value` added.
+pub fn with_label(
+    labels: Option<&BTreeMap<String, String>>,
+    key: &str,
+    value: &str,
+) -> BTreeMap<String, String> {
+    let mut out = labels.cloned().unwrap_or_default();
+    out.insert(key.to_string(), value.to_string());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_condition_keeps_the_transition_time_of_an_unchanged_status() {
+        let mut conditions = vec![];
+        assert!(set_condition(
+            &mut conditions,
+            condition("Ready", false, "PoolExhausted", "full".into(), Some(1))
+        ));
+        let first = conditions[0].last_transition_time.clone();
+        assert!(!set_condition(
+            &mut conditions,
+            condition("Ready", false, "PoolExhausted", "full".into(), Some(1))
+        ));
+        assert!(set_condition(
+            &mut conditions,
+            condition(
+                "Ready",
+                false,
+                "PoolExhausted",
+                "still full".into(),
+                Some(1)
+            )
+        ));
+        assert_eq!(conditions[0].last_transition_time, first);
+        assert!(set_condition(
+            &mut conditions,
+            condition("Ready", true, "AddressAllocated", "ok".into(), Some(1))
+        ));
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].status, "True");
+    }
+
+    #[test]
+    fn cluster_name_prefers_the_explicit_field() {
+        let meta = ObjectMeta {
+            labels: Some(BTreeMap::from([(
+                labels::CLUSTER_NAME.to_string(),
+                "from-label".to_string(),
+            )])),
+            ..Default::default()
+        };
+        assert_eq!(cluster_name(Some("explicit"), &meta), Some("explicit"));
+        assert_eq!(cluster_name(None, &meta), Some("from-label"));
+        assert_eq!(cluster_name(Some(""), &ObjectMeta::default()), None);
+    }
+}
