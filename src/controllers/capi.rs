@@ -696,6 +696,17 @@ pub async fn reconcile<P: CapiPoolKind>(pool: Arc<P>, ctx: Arc<Context>) -> Resu
     second.release_unbound = orphans(&ctx, &ledger_ref, &key, &addresses).await?;
     let (ledger, _) = commit(&ledger_ref, &ctx, &key, space.as_ref(), &second).await?;
 
+    let summary = (second.confirm.len(), second.release_claims.len(), second.release_unbound.len());
+    if summary != (0, 0, 0) || !first.allocate.is_empty() {
+        tracing::info!(
+            pool = %key.describe(),
+            pending = first.allocate.len(),
+            created = summary.0,
+            released = summary.1,
+            reclaimed = summary.2,
+            "reconciled"
+        );
+    }
     let removals = in_parallel(finished, |claim| {
         let ctx = ctx.clone();
         async move {

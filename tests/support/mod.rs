@@ -159,3 +159,63 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A `bitpool run` process serving one test namespace (its claims and namespaced pools, and
+/// global pools labelled with the same watch filter), killed when dropped.
+pub struct Bitpool {
+    child: Option<std::process::Child>,
+    pub log: PathBuf,
+}
+
+impl Bitpool {
+    /// Starts `bitpool run` limited to `namespace` (also its watch filter and ledger namespace).
+    pub fn start(namespace: &str, extra_args: &[&str]) -> Self {
+        let mut args = vec!["--namespace", namespace];
+        args.extend_from_slice(extra_args);
+        Self::spawn(namespace, &args)
+    }
+
+    /// Starts `bitpool run` over every namespace, for objects labelled with `filter` (which is
+    /// also its ledger namespace).
+    pub fn start_all_namespaces(filter: &str) -> Self {
+        Self::spawn(filter, &[])
+    }
+
+    fn spawn(filter: &str, extra_args: &[&str]) -> Self {
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = root().join("target/test-logs");
+        std::fs::create_dir_all(&dir).expect("create target/test-logs");
+        let log = dir.join(format!("bitpool-{filter}-{n}.log"));
+        let file = std::fs::File::create(&log).expect("create log file");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
+            .args(["run", "--watch-filter", filter, "--ledger-namespace", filter])
+            .args(extra_args)
+            .env("KUBECONFIG", kubeconfig_path())
+            .env("RUST_LOG", "info,bitpool=debug")
+            .stdout(file.try_clone().expect("log file handle"))
+            .stderr(file)
+            .spawn()
+            .expect("start bitpool");
+        Self { child: Some(child), log }
+    }
+
+    /// SIGKILL: no shutdown, no cleanup, whatever API call was in flight is cut off.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Whether the process is still running (it has not exited on an error).
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Bitpool {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
