@@ -6,7 +6,9 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use bitpool::api::capi::{Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
+use bitpool::api::capi::{
+    Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference,
+};
 use bitpool::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterIPPoolSpec, InClusterIPPool, InClusterIPPoolSpec,
 };
@@ -44,7 +46,10 @@ impl Env {
         ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(self.ns.name.clone()),
-            labels: Some(BTreeMap::from([(WATCH_FILTER_LABEL.to_string(), self.ns.name.clone())])),
+            labels: Some(BTreeMap::from([(
+                WATCH_FILTER_LABEL.to_string(),
+                self.ns.name.clone(),
+            )])),
             ..Default::default()
         }
     }
@@ -67,7 +72,10 @@ impl Env {
             spec,
             status: None,
         };
-        self.pools().create(&PostParams::default(), &pool).await.expect("create pool")
+        self.pools()
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("create pool")
     }
 
     fn claim_object(&self, name: &str, kind: &str, pool: &str) -> IPAddressClaim {
@@ -86,11 +94,15 @@ impl Env {
     }
 
     async fn claim(&self, name: &str, pool: &str) -> IPAddressClaim {
-        self.create_claim(self.claim_object(name, "InClusterIPPool", pool)).await
+        self.create_claim(self.claim_object(name, "InClusterIPPool", pool))
+            .await
     }
 
     async fn create_claim(&self, claim: IPAddressClaim) -> IPAddressClaim {
-        self.claims().create(&PostParams::default(), &claim).await.expect("create claim")
+        self.claims()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim")
     }
 
     async fn cluster(&self, name: &str, paused: bool) {
@@ -100,7 +112,9 @@ impl Env {
                 namespace: Some(self.ns.name.clone()),
                 ..Default::default()
             },
-            spec: ClusterSpec { paused: Some(paused) },
+            spec: ClusterSpec {
+                paused: Some(paused),
+            },
         };
         Api::<Cluster>::namespaced(self.client.clone(), self.name())
             .create(&PostParams::default(), &cluster)
@@ -111,14 +125,19 @@ impl Env {
     /// Waits until the claim's Ready condition has `status` (and `reason` if given).
     async fn wait_ready(&self, name: &str, status: &str, reason: Option<&str>) -> IPAddressClaim {
         let claims = self.claims();
-        eventually(&format!("claim {name} Ready={status} {reason:?}"), WAIT, || {
-            let claims = claims.clone();
-            async move {
-                let claim = claims.get_opt(name).await.ok()??;
-                let ready = ready_condition(&claim)?;
-                (ready.status == status && reason.is_none_or(|r| r == ready.reason)).then_some(claim)
-            }
-        })
+        eventually(
+            &format!("claim {name} Ready={status} {reason:?}"),
+            WAIT,
+            || {
+                let claims = claims.clone();
+                async move {
+                    let claim = claims.get_opt(name).await.ok()??;
+                    let ready = ready_condition(&claim)?;
+                    (ready.status == status && reason.is_none_or(|r| r == ready.reason))
+                        .then_some(claim)
+                }
+            },
+        )
         .await
     }
 
@@ -133,9 +152,11 @@ impl Env {
     }
 
     async fn wait_pool_counts(&self, name: &str, expected: (i64, i64, i64, i64)) {
-        eventually(&format!("pool {name} counts {expected:?}"), WAIT, || async {
-            (self.pool_counts(name).await == expected).then_some(())
-        })
+        eventually(
+            &format!("pool {name} counts {expected:?}"),
+            WAIT,
+            || async { (self.pool_counts(name).await == expected).then_some(()) },
+        )
         .await
     }
 
@@ -150,7 +171,9 @@ impl Env {
     }
 }
 
-fn ready_condition(claim: &IPAddressClaim) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+fn ready_condition(
+    claim: &IPAddressClaim,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     claim
         .status
         .as_ref()?
@@ -171,11 +194,15 @@ fn spec(addresses: &[&str], prefix: i32, gateway: Option<&str>) -> InClusterIPPo
 
 #[tokio::test]
 async fn a_claim_gets_an_address_per_the_contract() {
-    let Some(env) = Env::new("capi-contract").await else { return };
+    let Some(env) = Env::new("capi-contract").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.cluster("edge-1", false).await;
     env.cluster("edge-2", false).await;
-    let pool = env.pool("pool", spec(&["10.1.0.0/24"], 24, Some("10.1.0.1"))).await;
+    let pool = env
+        .pool("pool", spec(&["10.1.0.0/24"], 24, Some("10.1.0.1")))
+        .await;
     let mut by_field = env.claim_object("node-0", "InClusterIPPool", "pool");
     by_field.spec.cluster_name = Some("edge-1".into());
     env.create_claim(by_field).await;
@@ -187,85 +214,179 @@ async fn a_claim_gets_an_address_per_the_contract() {
         .insert(labels::CLUSTER_NAME.into(), "edge-2".into());
     env.create_claim(by_label).await;
 
-    let claim = env.wait_ready("node-0", "True", Some("AddressAllocated")).await;
-    assert!(claim.finalizers().contains(&"ipam.cluster.x-k8s.io/ReleaseAddress".to_string()));
-    assert_eq!(claim.status.as_ref().and_then(|s| s.address_ref.as_ref()).map(|r| r.name.as_str()), Some("node-0"));
+    let claim = env
+        .wait_ready("node-0", "True", Some("AddressAllocated"))
+        .await;
+    assert!(
+        claim
+            .finalizers()
+            .contains(&"ipam.cluster.x-k8s.io/ReleaseAddress".to_string())
+    );
+    assert_eq!(
+        claim
+            .status
+            .as_ref()
+            .and_then(|s| s.address_ref.as_ref())
+            .map(|r| r.name.as_str()),
+        Some("node-0")
+    );
     let address = env.address("node-0").await;
-    assert_eq!(address.spec.address, "10.1.0.2", "network .0 and gateway .1 are skipped");
-    assert_eq!((address.spec.prefix, address.spec.gateway.as_deref()), (24, Some("10.1.0.1")));
+    assert_eq!(
+        address.spec.address, "10.1.0.2",
+        "network .0 and gateway .1 are skipped"
+    );
+    assert_eq!(
+        (address.spec.prefix, address.spec.gateway.as_deref()),
+        (24, Some("10.1.0.1"))
+    );
     assert_eq!(address.spec.claim_ref.name, "node-0");
     assert_eq!(address.spec.pool_ref, claim.spec.pool_ref);
-    assert_eq!(address.finalizers(), ["ipam.cluster.x-k8s.io/ProtectAddress"]);
-    assert_eq!(address.labels().get(labels::CLUSTER_NAME).map(String::as_str), Some("edge-1"));
+    assert_eq!(
+        address.finalizers(),
+        ["ipam.cluster.x-k8s.io/ProtectAddress"]
+    );
+    assert_eq!(
+        address
+            .labels()
+            .get(labels::CLUSTER_NAME)
+            .map(String::as_str),
+        Some("edge-1")
+    );
     let owners = address.owner_references();
-    let claim_owner = owners.iter().find(|o| o.kind == "IPAddressClaim").expect("owned by the claim");
-    assert_eq!((claim_owner.controller, claim_owner.block_owner_deletion), (Some(true), Some(true)));
+    let claim_owner = owners
+        .iter()
+        .find(|o| o.kind == "IPAddressClaim")
+        .expect("owned by the claim");
+    assert_eq!(
+        (claim_owner.controller, claim_owner.block_owner_deletion),
+        (Some(true), Some(true))
+    );
     assert_eq!(claim_owner.uid, claim.uid().unwrap_or_default());
-    let pool_owner = owners.iter().find(|o| o.kind == "InClusterIPPool").expect("owned by the pool");
-    assert_eq!((pool_owner.controller, pool_owner.block_owner_deletion), (Some(false), Some(true)));
+    let pool_owner = owners
+        .iter()
+        .find(|o| o.kind == "InClusterIPPool")
+        .expect("owned by the pool");
+    assert_eq!(
+        (pool_owner.controller, pool_owner.block_owner_deletion),
+        (Some(false), Some(true))
+    );
     assert_eq!(pool_owner.uid, pool.uid().unwrap_or_default());
 
     env.wait_ready("node-1", "True", None).await;
     let labelled = env.address("node-1").await;
     assert_eq!(labelled.spec.address, "10.1.0.3");
-    assert_eq!(labelled.labels().get(labels::CLUSTER_NAME).map(String::as_str), Some("edge-2"));
+    assert_eq!(
+        labelled
+            .labels()
+            .get(labels::CLUSTER_NAME)
+            .map(String::as_str),
+        Some("edge-2")
+    );
 
     env.wait_pool_counts("pool", (253, 2, 251, 0)).await;
     let pool = env.pools().get("pool").await.expect("pool");
-    assert!(pool.finalizers().contains(&"ipam.cluster.x-k8s.io/ProtectPool".to_string()));
-    let ready = pool.status.expect("status").conditions.into_iter().find(|c| c.type_ == "Ready").expect("Ready");
+    assert!(
+        pool.finalizers()
+            .contains(&"ipam.cluster.x-k8s.io/ProtectPool".to_string())
+    );
+    let ready = pool
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
     assert_eq!(ready.status, "True");
 }
 
 #[tokio::test]
 async fn claims_of_other_kinds_are_ignored_and_missing_pools_wait() {
-    let Some(env) = Env::new("capi-ignore").await else { return };
+    let Some(env) = Env::new("capi-ignore").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut foreign = env.claim_object("foreign", "InClusterIPPool", "pool");
     foreign.spec.pool_ref.api_group = "ipam.example.com".into();
     env.create_claim(foreign).await;
-    env.create_claim(env.claim_object("other-kind", "SomeOtherPool", "pool")).await;
+    env.create_claim(env.claim_object("other-kind", "SomeOtherPool", "pool"))
+        .await;
     env.claim("waiting", "pool").await;
-    let waiting = env.wait_ready("waiting", "False", Some("PoolNotReady")).await;
-    let message = ready_condition(&waiting).map(|c| c.message).unwrap_or_default();
-    assert!(message.contains("InClusterIPPool pool not found"), "{message}");
+    let waiting = env
+        .wait_ready("waiting", "False", Some("PoolNotReady"))
+        .await;
+    let message = ready_condition(&waiting)
+        .map(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("InClusterIPPool pool not found"),
+        "{message}"
+    );
     // Events are handled in order: once "waiting" was handled, the two earlier claims were too.
     for name in ["foreign", "other-kind"] {
         let claim = env.claims().get(name).await.expect("claim");
         assert!(claim.finalizers().is_empty(), "{name} was touched");
         assert!(claim.status.is_none(), "{name} got a status");
     }
-    env.pool("pool", spec(&["10.2.0.10-10.2.0.20"], 24, None)).await;
+    env.pool("pool", spec(&["10.2.0.10-10.2.0.20"], 24, None))
+        .await;
     env.wait_ready("waiting", "True", None).await;
     assert_eq!(env.address("waiting").await.spec.address, "10.2.0.10");
 }
 
 #[tokio::test]
 async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
-    let Some(env) = Env::new("capi-invalid").await else { return };
+    let Some(env) = Env::new("capi-invalid").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool("pool", spec(&["10.3.0.0/29"], 24, None)).await;
     env.claim("first", "pool").await;
     env.wait_ready("first", "True", None).await;
 
     env.pools()
-        .patch("pool", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["10.3.0.0/29", "10.3.0.x"]}})))
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["10.3.0.0/29", "10.3.0.x"]}})),
+        )
         .await
         .expect("patch");
     let message = eventually("pool Ready=False", WAIT, || async {
         let pool = env.pools().get("pool").await.ok()?;
-        let ready = pool.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        let ready = pool
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
         (ready.status == "False").then_some(ready.message)
     })
     .await;
-    assert!(message.contains("addresses[1]") && message.contains("10.3.0.x"), "{message}");
+    assert!(
+        message.contains("addresses[1]") && message.contains("10.3.0.x"),
+        "{message}"
+    );
     env.claim("second", "pool").await;
-    let second = env.wait_ready("second", "False", Some("PoolNotReady")).await;
-    assert!(ready_condition(&second).map(|c| c.message).unwrap_or_default().contains("10.3.0.x"));
-    assert_eq!(env.address("first").await.spec.address, "10.3.0.1", "the allocated address stays");
+    let second = env
+        .wait_ready("second", "False", Some("PoolNotReady"))
+        .await;
+    assert!(
+        ready_condition(&second)
+            .map(|c| c.message)
+            .unwrap_or_default()
+            .contains("10.3.0.x")
+    );
+    assert_eq!(
+        env.address("first").await.spec.address,
+        "10.3.0.1",
+        "the allocated address stays"
+    );
 
     env.pools()
-        .patch("pool", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["10.3.0.0/29"]}})))
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["10.3.0.0/29"]}})),
+        )
         .await
         .expect("patch");
     env.wait_ready("second", "True", None).await;
@@ -274,18 +395,23 @@ async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
 
 #[tokio::test]
 async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
-    let Some(env) = Env::new("capi-scope").await else { return };
+    let Some(env) = Env::new("capi-scope").await else {
+        return;
+    };
     let client = env.client.clone();
     let other = TestNamespace::new(&client, "capi-scope-other").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let _other_bitpool = Bitpool::start(&other.name, &[]);
     // Same-named namespaced pools in two namespaces are independent.
-    env.pool("pool", spec(&["10.4.0.1-10.4.0.9"], 24, None)).await;
+    env.pool("pool", spec(&["10.4.0.1-10.4.0.9"], 24, None))
+        .await;
     let other_env = Env {
         client: client.clone(),
         ns: other,
     };
-    other_env.pool("pool", spec(&["10.4.0.1-10.4.0.9"], 24, None)).await;
+    other_env
+        .pool("pool", spec(&["10.4.0.1-10.4.0.9"], 24, None))
+        .await;
     env.claim("a", "pool").await;
     other_env.claim("a", "pool").await;
     env.wait_ready("a", "True", None).await;
@@ -294,15 +420,21 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
     assert_eq!(other_env.address("a").await.spec.address, "10.4.0.1");
     // A claim cannot use another namespace's pool.
     other_env.claim("lost", "only-in-first").await;
-    env.pool("only-in-first", spec(&["10.4.1.1"], 24, None)).await;
-    other_env.wait_ready("lost", "False", Some("PoolNotReady")).await;
+    env.pool("only-in-first", spec(&["10.4.1.1"], 24, None))
+        .await;
+    other_env
+        .wait_ready("lost", "False", Some("PoolNotReady"))
+        .await;
 
     // A global pool serves both namespaces from one address space. Both processes watch it
     // (its label names the first test namespace; the second process uses the same filter).
     let global = GlobalInClusterIPPool {
         metadata: ObjectMeta {
             name: Some(format!("{}-global", env.name())),
-            labels: Some(BTreeMap::from([(WATCH_FILTER_LABEL.to_string(), env.name().to_string())])),
+            labels: Some(BTreeMap::from([(
+                WATCH_FILTER_LABEL.to_string(),
+                env.name().to_string(),
+            )])),
             ..Default::default()
         },
         spec: GlobalInClusterIPPoolSpec {
@@ -311,17 +443,24 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
         status: None,
     };
     let globals: Api<GlobalInClusterIPPool> = Api::all(client.clone());
-    let global = globals.create(&PostParams::default(), &global).await.expect("global pool");
+    let global = globals
+        .create(&PostParams::default(), &global)
+        .await
+        .expect("global pool");
     let _cleanup = GlobalCleanup {
         api: globals.clone(),
         name: global.name_any(),
     };
-    let global_claim = |env: &Env| env.claim_object("g", "GlobalInClusterIPPool", &global.name_any());
+    let global_claim =
+        |env: &Env| env.claim_object("g", "GlobalInClusterIPPool", &global.name_any());
     env.create_claim(global_claim(&env)).await;
     let mut second = global_claim(&other_env);
     // The second namespace's claim carries the first namespace's watch filter, so that the
     // first process (which serves global pools with that filter) sees it too.
-    second.metadata.labels = Some(BTreeMap::from([(WATCH_FILTER_LABEL.to_string(), env.name().to_string())]));
+    second.metadata.labels = Some(BTreeMap::from([(
+        WATCH_FILTER_LABEL.to_string(),
+        env.name().to_string(),
+    )]));
     other_env.create_claim(second).await;
     let _all_namespaces = Bitpool::start_all_namespaces(env.name());
     env.wait_ready("g", "True", None).await;
@@ -330,7 +469,10 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
         .into_iter()
         .map(|a| a.spec.address)
         .collect();
-    assert_eq!(addresses, BTreeSet::from(["10.4.9.1".to_string(), "10.4.9.2".to_string()]));
+    assert_eq!(
+        addresses,
+        BTreeSet::from(["10.4.9.1".to_string(), "10.4.9.2".to_string()])
+    );
 }
 
 /// Deletes a cluster-scoped pool at the end of a test, its claims first released.
@@ -343,12 +485,18 @@ impl Drop for GlobalCleanup {
     fn drop(&mut self) {
         let name = self.name.clone();
         let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
             if let Ok(runtime) = runtime {
                 runtime.block_on(async move {
                     let api: Api<GlobalInClusterIPPool> = Api::all(support::client().await);
                     let _ = api
-                        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
+                        .patch(
+                            &name,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                        )
                         .await;
                     let _ = api.delete(&name, &DeleteParams::default()).await;
                 });
@@ -361,15 +509,21 @@ impl Drop for GlobalCleanup {
 
 #[tokio::test]
 async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
-    let Some(env) = Env::new("capi-pause").await else { return };
+    let Some(env) = Env::new("capi-pause").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.5.0.1-10.5.0.50"], 24, None)).await;
+    env.pool("pool", spec(&["10.5.0.1-10.5.0.50"], 24, None))
+        .await;
     env.cluster("paused", true).await;
     let mut claim = env.claim_object("by-cluster", "InClusterIPPool", "pool");
     claim.spec.cluster_name = Some("paused".into());
     env.create_claim(claim).await;
     let mut annotated = env.claim_object("by-annotation", "InClusterIPPool", "pool");
-    annotated.metadata.annotations = Some(BTreeMap::from([(labels::PAUSED.to_string(), String::new())]));
+    annotated.metadata.annotations = Some(BTreeMap::from([(
+        labels::PAUSED.to_string(),
+        String::new(),
+    )]));
     env.create_claim(annotated).await;
     let mut no_cluster = env.claim_object("no-cluster", "InClusterIPPool", "pool");
     no_cluster.spec.cluster_name = Some("does-not-exist".into());
@@ -378,31 +532,58 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
     env.wait_ready("control", "True", None).await;
     for name in ["by-cluster", "by-annotation", "no-cluster"] {
         let claim = env.claims().get(name).await.expect("claim");
-        assert!(claim.finalizers().is_empty() && claim.status.is_none(), "{name} was served while paused");
+        assert!(
+            claim.finalizers().is_empty() && claim.status.is_none(),
+            "{name} was served while paused"
+        );
     }
 
     Api::<Cluster>::namespaced(env.client.clone(), env.name())
-        .patch("paused", &PatchParams::default(), &Patch::Merge(json!({"spec": {"paused": false}})))
+        .patch(
+            "paused",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
         .await
         .expect("unpause");
     env.wait_ready("by-cluster", "True", None).await;
     env.claims()
-        .patch("by-annotation", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: null}}})))
+        .patch(
+            "by-annotation",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: null}}})),
+        )
         .await
         .expect("unpause claim");
     env.wait_ready("by-annotation", "True", None).await;
 
     // A paused pool serves nobody until resumed.
     env.pools()
-        .patch("pool", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: ""}}})))
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: ""}}})),
+        )
         .await
         .expect("pause pool");
     env.claim("while-pool-paused", "pool").await;
     env.claim("control-2", "other").await;
-    env.wait_ready("control-2", "False", Some("PoolNotReady")).await;
-    assert!(env.claims().get("while-pool-paused").await.expect("claim").status.is_none());
+    env.wait_ready("control-2", "False", Some("PoolNotReady"))
+        .await;
+    assert!(
+        env.claims()
+            .get("while-pool-paused")
+            .await
+            .expect("claim")
+            .status
+            .is_none()
+    );
     env.pools()
-        .patch("pool", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: null}}})))
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: null}}})),
+        )
         .await
         .expect("resume pool");
     env.wait_ready("while-pool-paused", "True", None).await;
@@ -420,44 +601,68 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
         .delete("gone", &DeleteParams::default())
         .await
         .expect("delete cluster");
-    env.claims().delete("orphaned", &DeleteParams::default()).await.expect("delete claim");
+    env.claims()
+        .delete("orphaned", &DeleteParams::default())
+        .await
+        .expect("delete claim");
     env.wait_gone(&env.claims(), "orphaned").await;
     env.wait_gone(&env.addresses(), "orphaned").await;
 }
 
 #[tokio::test]
 async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
-    let Some(env) = Env::new("capi-lifecycle").await else { return };
+    let Some(env) = Env::new("capi-lifecycle").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.6.0.1-10.6.0.2"], 24, None)).await;
+    env.pool("pool", spec(&["10.6.0.1-10.6.0.2"], 24, None))
+        .await;
     env.claim("a", "pool").await;
     env.claim("b", "pool").await;
     env.wait_ready("a", "True", None).await;
     env.wait_ready("b", "True", None).await;
     env.claim("c", "pool").await;
     let exhausted = env.wait_ready("c", "False", Some("PoolExhausted")).await;
-    assert!(ready_condition(&exhausted).map(|c| c.message).unwrap_or_default().contains("no free address"));
+    assert!(
+        ready_condition(&exhausted)
+            .map(|c| c.message)
+            .unwrap_or_default()
+            .contains("no free address")
+    );
     env.wait_pool_counts("pool", (2, 2, 0, 0)).await;
 
     // An IPAddress deleted while its claim lives keeps its address: deletion waits for the claim.
-    env.addresses().delete("a", &DeleteParams::default()).await.expect("delete address");
+    env.addresses()
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete address");
     let held = env.address("a").await;
     assert!(held.meta().deletion_timestamp.is_some());
     assert_eq!(held.spec.address, "10.6.0.1");
     env.claim("d", "pool").await;
     env.wait_ready("d", "False", Some("PoolExhausted")).await;
 
-    env.claims().delete("b", &DeleteParams::default()).await.expect("delete claim");
+    env.claims()
+        .delete("b", &DeleteParams::default())
+        .await
+        .expect("delete claim");
     env.wait_gone(&env.claims(), "b").await;
     env.wait_gone(&env.addresses(), "b").await;
     // The freed address goes to a waiting claim (the older one first).
     let recovered = env.wait_ready("c", "True", None).await;
     assert_eq!(env.address("c").await.spec.address, "10.6.0.2");
-    assert!(recovered.finalizers().contains(&"ipam.cluster.x-k8s.io/ReleaseAddress".to_string()));
+    assert!(
+        recovered
+            .finalizers()
+            .contains(&"ipam.cluster.x-k8s.io/ReleaseAddress".to_string())
+    );
     env.wait_ready("d", "False", Some("PoolExhausted")).await;
 
     // Deleting the claim whose IPAddress was already terminating releases it too.
-    env.claims().delete("a", &DeleteParams::default()).await.expect("delete claim");
+    env.claims()
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete claim");
     env.wait_gone(&env.addresses(), "a").await;
     env.wait_ready("d", "True", None).await;
     assert_eq!(env.address("d").await.spec.address, "10.6.0.1");
@@ -465,63 +670,104 @@ async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
 
 #[tokio::test]
 async fn the_reuse_grace_period_holds_a_released_address() {
-    let Some(env) = Env::new("capi-grace").await else { return };
+    let Some(env) = Env::new("capi-grace").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut pool_spec = spec(&["10.7.0.1-10.7.0.2"], 24, None);
     pool_spec.address_reuse_grace_period_seconds = Some(4);
     env.pool("pool", pool_spec).await;
     env.claim("a", "pool").await;
     env.wait_ready("a", "True", None).await;
-    env.claims().delete("a", &DeleteParams::default()).await.expect("delete");
+    env.claims()
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete");
     let deleted_at = std::time::Instant::now();
     env.claim("b", "pool").await;
     env.wait_ready("b", "True", None).await;
-    assert_eq!(env.address("b").await.spec.address, "10.7.0.2", "a's address is held during the grace period");
-    assert!(env.addresses().get_opt("a").await.expect("get").is_some(), "a's IPAddress is kept during the grace period");
+    assert_eq!(
+        env.address("b").await.spec.address,
+        "10.7.0.2",
+        "a's address is held during the grace period"
+    );
+    assert!(
+        env.addresses().get_opt("a").await.expect("get").is_some(),
+        "a's IPAddress is kept during the grace period"
+    );
     env.wait_gone(&env.addresses(), "a").await;
-    assert!(deleted_at.elapsed() >= Duration::from_secs(3), "released after the grace period");
+    assert!(
+        deleted_at.elapsed() >= Duration::from_secs(3),
+        "released after the grace period"
+    );
     env.wait_gone(&env.claims(), "a").await;
 }
 
 #[tokio::test]
 async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_orphans() {
-    let Some(env) = Env::new("capi-protect").await else { return };
+    let Some(env) = Env::new("capi-protect").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.8.0.1-10.8.0.5"], 24, None)).await;
+    env.pool("pool", spec(&["10.8.0.1-10.8.0.5"], 24, None))
+        .await;
     for name in ["a", "b", "c"] {
         env.claim(name, "pool").await;
         env.wait_ready(name, "True", None).await;
     }
     // Shrink the pool below c's address: c keeps it, and the pool counts it as out of range.
     env.pools()
-        .patch("pool", &PatchParams::default(), &Patch::Merge(json!({"spec": {"addresses": ["10.8.0.1-10.8.0.2"]}})))
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["10.8.0.1-10.8.0.2"]}})),
+        )
         .await
         .expect("shrink");
     env.wait_pool_counts("pool", (2, 3, 0, 1)).await;
     let pool = env.pools().get("pool").await.expect("pool");
-    let ready = pool.status.expect("status").conditions.into_iter().find(|c| c.type_ == "Ready").expect("Ready");
+    let ready = pool
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
     assert!(ready.message.contains("10.8.0.3"), "{}", ready.message);
     assert_eq!(env.address("c").await.spec.address, "10.8.0.3");
 
-    env.pools().delete("pool", &DeleteParams::default()).await.expect("delete pool");
+    env.pools()
+        .delete("pool", &DeleteParams::default())
+        .await
+        .expect("delete pool");
     let reason = eventually("pool Deleting condition", WAIT, || async {
         let pool = env.pools().get_opt("pool").await.ok()??;
-        let ready = pool.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        let ready = pool
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
         (ready.reason == "Deleting").then_some(ready.message)
     })
     .await;
     assert!(reason.contains("3 IPAddress"), "{reason}");
     for name in ["a", "b", "c"] {
-        env.claims().delete(name, &DeleteParams::default()).await.expect("delete claim");
+        env.claims()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete claim");
     }
     env.wait_gone(&env.pools(), "pool").await;
     let ledgers: Api<ConfigMap> = Api::namespaced(env.client.clone(), env.name());
-    env.wait_gone(&ledgers, "bitpool-ledger-inclusterippool-pool").await;
+    env.wait_gone(&ledgers, "bitpool-ledger-inclusterippool-pool")
+        .await;
 }
 
 #[tokio::test]
 async fn preallocations_requested_addresses_and_random_allocation() {
-    let Some(env) = Env::new("capi-extensions").await else { return };
+    let Some(env) = Env::new("capi-extensions").await else {
+        return;
+    };
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut pinned = spec(&["fd00:9::/120"], 64, Some("fd00:9::1"));
     pinned.pre_allocations = BTreeMap::from([("host-a".into(), "fd00:9::0050".into())]);
@@ -529,7 +775,8 @@ async fn preallocations_requested_addresses_and_random_allocation() {
     env.claim("other", "pinned").await;
     env.claim("host-a", "pinned").await;
     let mut requested = env.claim_object("wants-7", "InClusterIPPool", "pinned");
-    requested.metadata.annotations = Some(BTreeMap::from([("ipAddress".into(), "fd00:9::7".into())]));
+    requested.metadata.annotations =
+        Some(BTreeMap::from([("ipAddress".into(), "fd00:9::7".into())]));
     env.create_claim(requested).await;
     let mut taken = env.claim_object("wants-50", "InClusterIPPool", "pinned");
     taken.metadata.annotations = Some(BTreeMap::from([("ipAddress".into(), "fd00:9::50".into())]));
@@ -540,8 +787,15 @@ async fn preallocations_requested_addresses_and_random_allocation() {
     assert_eq!(env.address("host-a").await.spec.address, "fd00:9::50");
     assert_eq!(env.address("other").await.spec.address, "fd00:9::2");
     assert_eq!(env.address("wants-7").await.spec.address, "fd00:9::7");
-    let refused = env.wait_ready("wants-50", "False", Some("AllocationFailed")).await;
-    assert!(ready_condition(&refused).map(|c| c.message).unwrap_or_default().contains("preallocated to claim \"host-a\""));
+    let refused = env
+        .wait_ready("wants-50", "False", Some("AllocationFailed"))
+        .await;
+    assert!(
+        ready_condition(&refused)
+            .map(|c| c.message)
+            .unwrap_or_default()
+            .contains("preallocated to claim \"host-a\"")
+    );
 
     let mut random = spec(&["10.9.0.0/16"], 16, None);
     random.allocation_strategy = Some(AllocationStrategy::Random);
@@ -563,11 +817,19 @@ async fn preallocations_requested_addresses_and_random_allocation() {
 /// Creates `count` claims spread over `pools`, `parallel` at a time.
 async fn burst(env: &Env, pools: &[&str], count: usize) {
     let creations = (0..count).map(|i| {
-        let claim = env.claim_object(&format!("claim-{i:03}"), "InClusterIPPool", pools[i % pools.len()]);
+        let claim = env.claim_object(
+            &format!("claim-{i:03}"),
+            "InClusterIPPool",
+            pools[i % pools.len()],
+        );
         let api = env.claims();
         async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
     });
-    for result in stream::iter(creations).buffer_unordered(32).collect::<Vec<_>>().await {
+    for result in stream::iter(creations)
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+    {
         result.expect("create claim");
     }
 }
@@ -576,30 +838,46 @@ async fn burst(env: &Env, pools: &[&str], count: usize) {
 /// ledger and counts agreeing with the IPAddress objects (nothing leaked, nothing pending).
 async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
     let claims = env.claims();
-    eventually(&format!("all {count} claims Ready"), Duration::from_secs(180), || {
-        let claims = claims.clone();
-        async move {
-            let list = claims.list(&Default::default()).await.ok()?;
-            let ready = list
-                .items
-                .iter()
-                .filter(|c| ready_condition(c).is_some_and(|r| r.status == "True"))
-                .count();
-            (ready == count).then_some(())
-        }
-    })
+    eventually(
+        &format!("all {count} claims Ready"),
+        Duration::from_secs(180),
+        || {
+            let claims = claims.clone();
+            async move {
+                let list = claims.list(&Default::default()).await.ok()?;
+                let ready = list
+                    .items
+                    .iter()
+                    .filter(|c| ready_condition(c).is_some_and(|r| r.status == "True"))
+                    .count();
+                (ready == count).then_some(())
+            }
+        },
+    )
     .await;
-    let addresses = env.addresses().list(&Default::default()).await.expect("list").items;
+    let addresses = env
+        .addresses()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
     assert_eq!(addresses.len(), count, "one IPAddress per claim");
     let mut per_pool: HashMap<String, Vec<String>> = HashMap::new();
     for a in &addresses {
         assert_eq!(a.spec.claim_ref.name, a.name_any());
-        per_pool.entry(a.spec.pool_ref.name.clone()).or_default().push(a.spec.address.clone());
+        per_pool
+            .entry(a.spec.pool_ref.name.clone())
+            .or_default()
+            .push(a.spec.address.clone());
     }
     for pool in pools {
         let list = per_pool.remove(*pool).unwrap_or_default();
         let distinct: BTreeSet<&String> = list.iter().collect();
-        assert_eq!(distinct.len(), list.len(), "duplicate address in pool {pool}");
+        assert_eq!(
+            distinct.len(),
+            list.len(),
+            "duplicate address in pool {pool}"
+        );
         let used = list.len() as i64;
         eventually(&format!("pool {pool} ledger settles"), WAIT, || async {
             let ledger: ConfigMap = Api::namespaced(env.client.clone(), env.name())
@@ -616,37 +894,60 @@ async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
 
 #[tokio::test]
 async fn two_processes_racing_never_hand_out_an_address_twice() {
-    let Some(env) = Env::new("capi-race").await else { return };
+    let Some(env) = Env::new("capi-race").await else {
+        return;
+    };
     env.pool("left", spec(&["10.10.0.0/24"], 24, None)).await;
     env.pool("right", spec(&["10.10.1.0/24"], 24, None)).await;
     let mut first = Bitpool::start(env.name(), &[]);
     let mut second = Bitpool::start(env.name(), &[]);
     burst(&env, &["left", "right"], 300).await;
     assert_consistent(&env, &["left", "right"], 300).await;
-    assert!(first.is_running() && second.is_running(), "logs: {:?} {:?}", first.log, second.log);
+    assert!(
+        first.is_running() && second.is_running(),
+        "logs: {:?} {:?}",
+        first.log,
+        second.log
+    );
 }
 
 #[tokio::test]
 async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
-    let Some(env) = Env::new("capi-sigkill").await else { return };
+    let Some(env) = Env::new("capi-sigkill").await else {
+        return;
+    };
     env.pool("left", spec(&["10.11.0.0/24"], 24, None)).await;
     env.pool("right", spec(&["10.11.1.0/24"], 24, None)).await;
     let mut victim = Bitpool::start(env.name(), &[]);
     let creating = burst(&env, &["left", "right"], 300);
-    // Kill at a random point of the burst, once some addresses exist.
+    // Kill at a random point of the burst: on the N-th IPAddress creation, seen by a watch so
+    // that the kill lands within milliseconds of it.
     let threshold = rand::random_range(10..150);
     let kill_mid_burst = async {
-        let seen = eventually("some IPAddresses before the kill", WAIT, || async {
-            let n = env.addresses().list(&Default::default()).await.ok()?.items.len();
-            (n >= threshold).then_some(n)
-        })
-        .await;
+        let mut created = BTreeSet::new();
+        let events = kube::runtime::watcher(env.addresses(), Default::default());
+        let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(events));
+        while let Some(Ok(address)) = events.next().await {
+            created.insert(address.name_any());
+            if created.len() >= threshold {
+                break;
+            }
+        }
         victim.kill();
-        seen
+        created.len()
     };
     let ((), seen) = futures::join!(creating, kill_mid_burst);
-    let at_kill = env.addresses().list(&Default::default()).await.expect("list").items.len();
-    assert!(at_kill < 300, "the kill came after the burst ({seen} seen, {at_kill} after); it proves nothing");
+    let at_kill = env
+        .addresses()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .len();
+    assert!(
+        at_kill < 300,
+        "the kill came after the burst ({seen} seen, {at_kill} after); it proves nothing"
+    );
     let _restarted = Bitpool::start(env.name(), &[]);
     assert_consistent(&env, &["left", "right"], 300).await;
 }

@@ -310,26 +310,81 @@ async fn load_ledger(
     })
 }
 
+/// What a pool's status reports, taken from its address space after a transaction.
+struct Usage {
+    counts: alloc::Counts,
+    /// A few of the allocated addresses the pool no longer contains.
+    outside: Vec<IpAddr>,
+}
+
+impl Usage {
+    fn of(space: &AddressSpace) -> Self {
+        let counts = space.counts();
+        let outside = if counts.out_of_range > 0 {
+            space
+                .used_addresses()
+                .filter(|a| !space.contains(*a))
+                .take(5)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { counts, outside }
+    }
+}
+
 /// Applies `intent` to the server's ledger, retrying on conflicts with the fresh ledger.
+/// `base` is the pool's empty address space (`None` when the spec is invalid); the space that
+/// mirrors the written ledger is kept in the context for the next reconcile.
 async fn commit(
     ledger_ref: &LedgerRef,
     ctx: &Context,
     key: &PoolKey,
-    space: Option<&AddressSpace>,
+    base: Option<&(AddressSpace, (String, i64))>,
     intent: &Intent,
-) -> Result<(Ledger, BTreeMap<String, Result<Lease, Refusal>>), Error> {
+) -> Result<
+    (
+        Ledger,
+        Option<Usage>,
+        BTreeMap<String, Result<Lease, Refusal>>,
+    ),
+    Error,
+> {
     let mut rng = StdRng::from_os_rng();
     let now = objects::now().0.to_string();
     for _ in 0..LEDGER_ATTEMPTS {
         let stored = load_ledger(ledger_ref, ctx, key).await?;
-        let (next, outcomes) = intent::apply(&stored.ledger, space, intent, &now, &mut rng);
-        if next == stored.ledger {
-            return Ok((next, outcomes));
+        let mut space = base.map(|(empty, pool)| {
+            ctx.take_space(key, pool, stored.version())
+                .unwrap_or_else(|| {
+                    let mut space = empty.clone();
+                    space.mark_all_used(stored.ledger.addresses());
+                    space
+                })
+        });
+        let (next, outcomes) =
+            intent::apply(&stored.ledger, space.as_mut(), intent, &now, &mut rng);
+        let written = if next == stored.ledger {
+            Some(stored)
+        } else {
+            ledger_ref.replace(&stored, &next).await?
+        };
+        let Some(written) = written else {
+            tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
+            continue;
+        };
+        let usage = space.as_ref().map(Usage::of);
+        if let (Some(space), Some((_, pool)), Some(version)) = (space, base, written.version()) {
+            ctx.keep_space(
+                key,
+                super::CachedSpace {
+                    pool: pool.clone(),
+                    ledger_version: version.to_string(),
+                    space,
+                },
+            );
         }
-        if ledger_ref.replace(&stored, &next).await?.is_some() {
-            return Ok((next, outcomes));
-        }
-        tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
+        return Ok((next, usage, outcomes));
     }
     Err(Error::LedgerContention {
         ledger: ledger_ref.name.clone(),
@@ -512,11 +567,15 @@ pub async fn reconcile<P: CapiPoolKind>(pool: Arc<P>, ctx: Arc<Context>) -> Resu
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
 
+    let fingerprint = (
+        pool.uid().unwrap_or_default(),
+        pool.meta().generation.unwrap_or_default(),
+    );
     let (space, spec_error) = if deleting {
         (None, Some("the pool is being deleted".to_string()))
     } else {
         match AddressSpace::capi(&to_alloc(pool.pool_spec())) {
-            Ok(space) => (Some(space), None),
+            Ok(space) => (Some((space, fingerprint)), None),
             Err(e) => (None, Some(e.to_string())),
         }
     };
@@ -580,7 +639,7 @@ pub async fn reconcile<P: CapiPoolKind>(pool: Arc<P>, ctx: Arc<Context>) -> Resu
         }
     }
     first.adopt = adoptable(&ctx, &ledger_ref, &key, &addresses).await?;
-    let (_, outcomes) = commit(&ledger_ref, &ctx, &key, space.as_ref(), &first).await?;
+    let (_, _, outcomes) = commit(&ledger_ref, &ctx, &key, space.as_ref(), &first).await?;
 
     // Apply: create IPAddresses for new reservations, delete those of released claims.
     let mut statuses: Vec<(Arc<IPAddressClaim>, ClaimOutcome)> = Vec::new();
@@ -694,9 +753,13 @@ pub async fn reconcile<P: CapiPoolKind>(pool: Arc<P>, ctx: Arc<Context>) -> Resu
 
     // Transaction 2: confirm what was created, free what was released, reclaim leaks.
     second.release_unbound = orphans(&ctx, &ledger_ref, &key, &addresses).await?;
-    let (ledger, _) = commit(&ledger_ref, &ctx, &key, space.as_ref(), &second).await?;
+    let (ledger, usage, _) = commit(&ledger_ref, &ctx, &key, space.as_ref(), &second).await?;
 
-    let summary = (second.confirm.len(), second.release_claims.len(), second.release_unbound.len());
+    let summary = (
+        second.confirm.len(),
+        second.release_claims.len(),
+        second.release_unbound.len(),
+    );
     if summary != (0, 0, 0) || !first.allocate.is_empty() {
         tracing::info!(
             pool = %key.describe(),
@@ -735,7 +798,7 @@ pub async fn reconcile<P: CapiPoolKind>(pool: Arc<P>, ctx: Arc<Context>) -> Resu
     write_pool_status(
         &*pool,
         &pool_api,
-        space.as_ref(),
+        usage.as_ref(),
         &ledger,
         spec_error.as_deref(),
     )
@@ -910,17 +973,15 @@ fn saturate(value: u128) -> i64 {
 async fn write_pool_status<P: CapiPoolKind>(
     pool: &P,
     api: &Api<P>,
-    space: Option<&AddressSpace>,
+    usage: Option<&Usage>,
     ledger: &Ledger,
     spec_error: Option<&str>,
 ) -> Result<(), Error> {
     let mut status = pool.pool_status().cloned().unwrap_or_default();
     let generation = pool.meta().generation;
-    let ready = match (space, spec_error) {
-        (Some(space), _) => {
-            let mut space = space.clone();
-            space.mark_all_used(ledger.addresses());
-            let counts = space.counts();
+    let ready = match (usage, spec_error) {
+        (Some(usage), _) => {
+            let counts = usage.counts;
             status.ip_addresses = Some(IPAddressCounts {
                 total: saturate(counts.total),
                 free: saturate(counts.free),
@@ -928,12 +989,7 @@ async fn write_pool_status<P: CapiPoolKind>(
                 out_of_range: saturate(counts.out_of_range),
             });
             let message = if counts.out_of_range > 0 {
-                let outside: Vec<String> = space
-                    .used_addresses()
-                    .filter(|a| !space.contains(*a))
-                    .take(5)
-                    .map(|a| a.to_string())
-                    .collect();
+                let outside: Vec<String> = usage.outside.iter().map(ToString::to_string).collect();
                 format!(
                     "{} allocated address(es) are outside the pool's addresses and stay allocated until released: {}",
                     counts.out_of_range,

@@ -77,10 +77,32 @@ pub enum Refusal {
     PoolInvalid,
 }
 
+/// Frees `address` in the ledger and in the space that mirrors it.
+fn free(next: &mut Ledger, space: &mut Option<&mut AddressSpace>, address: IpAddr) {
+    if next.remove(address)
+        && let Some(space) = space.as_deref_mut()
+    {
+        space.release(address);
+    }
+}
+
+/// Records `address` as allocated in the ledger and in the space that mirrors it.
+fn hold(next: &mut Ledger, space: &mut Option<&mut AddressSpace>, address: IpAddr) {
+    next.insert(address);
+    if let Some(space) = space.as_deref_mut() {
+        space.mark_used(address);
+    }
+}
+
 /// The next ledger, and the outcome for each claim in `intent.allocate` (by UID).
+///
+/// `space` must hold exactly `ledger`'s addresses as used (built from the pool spec and
+/// [`AddressSpace::mark_all_used`], or kept from the previous transaction on the same ledger
+/// version); it is changed in step with the ledger, so that it mirrors the returned one. Work
+/// per claim does not grow with the number of addresses used.
 pub fn apply(
     ledger: &Ledger,
-    space: Option<&AddressSpace>,
+    mut space: Option<&mut AddressSpace>,
     intent: &Intent,
     now: &str,
     rng: &mut impl Rng,
@@ -92,27 +114,28 @@ pub fn apply(
             .get(&address.to_string())
             .is_some_and(|r| &r.claim_uid != uid);
         if !reserved_for_other {
-            next.remove(*address);
+            free(&mut next, &mut space, *address);
         }
     }
     for uid in &intent.release_claims {
         if let Some((address, _)) = next.reservation_of(uid) {
-            next.remove(address);
+            free(&mut next, &mut space, address);
         }
     }
     for address in &intent.release_unbound {
         if !next.pending.contains_key(&address.to_string()) {
-            next.remove(*address);
+            free(&mut next, &mut space, *address);
         }
     }
     for (address, uid) in &intent.confirm {
         next.confirm(*address, uid);
     }
     for address in &intent.adopt {
-        next.insert(*address);
+        hold(&mut next, &mut space, *address);
     }
     for (address, claim) in &intent.bind {
         if !next.pending.contains_key(&address.to_string()) {
+            hold(&mut next, &mut space, *address);
             next.reserve(*address, claim.reservation(now));
         }
     }
@@ -124,8 +147,6 @@ pub fn apply(
         }
         return (next, outcomes);
     };
-    let mut space = space.clone();
-    space.mark_all_used(next.addresses());
     for request in &intent.allocate {
         let outcome = match next.reservation_of(&request.claim.uid) {
             Some((address, _)) => Ok(space.lease_for(address)),
@@ -177,6 +198,29 @@ mod tests {
         .expect("valid")
     }
 
+    /// `apply` on a space that mirrors `ledger`, checking that it still mirrors the result.
+    fn run(
+        ledger: &Ledger,
+        intent: &Intent,
+        rng: &mut StdRng,
+    ) -> (Ledger, BTreeMap<String, Result<Lease, Refusal>>) {
+        let mut mirrored = space();
+        mirrored.mark_all_used(ledger.addresses());
+        let (next, outcomes) = apply(ledger, Some(&mut mirrored), intent, "t", rng);
+        let mut rebuilt = space();
+        rebuilt.mark_all_used(next.addresses());
+        assert_eq!(
+            mirrored.counts(),
+            rebuilt.counts(),
+            "the space mirrors the ledger"
+        );
+        assert_eq!(
+            mirrored.used_addresses().collect::<Vec<_>>(),
+            rebuilt.used_addresses().collect::<Vec<_>>()
+        );
+        (next, outcomes)
+    }
+
     #[test]
     fn allocations_reserve_and_a_retry_reuses_the_reservation() {
         let mut rng = StdRng::seed_from_u64(1);
@@ -184,7 +228,7 @@ mod tests {
             allocate: vec![request("a"), request("b")],
             ..Default::default()
         };
-        let (first, outcomes) = apply(&Ledger::default(), Some(&space()), &intent, "t0", &mut rng);
+        let (first, outcomes) = run(&Ledger::default(), &intent, &mut rng);
         assert_eq!(
             outcomes["a"].as_ref().map(|l| l.address),
             Ok(ip("10.0.0.1"))
@@ -196,7 +240,7 @@ mod tests {
         assert_eq!(first.pending.len(), 2);
         // The same intent against the written ledger (a retry after a crash, or a second
         // process) gives each claim the address it already has: nothing new is allocated.
-        let (second, again) = apply(&first, Some(&space()), &intent, "t1", &mut rng);
+        let (second, again) = run(&first, &intent, &mut rng);
         assert_eq!(second, first);
         assert_eq!(again, outcomes);
     }
@@ -207,24 +251,20 @@ mod tests {
         let base = Ledger::default();
         // Process 1 wins the write for claim a; process 2 computed for claim b on the old ledger,
         // got a conflict, and recomputes on process 1's ledger.
-        let (after_one, _) = apply(
+        let (after_one, _) = run(
             &base,
-            Some(&space()),
             &Intent {
                 allocate: vec![request("a")],
                 ..Default::default()
             },
-            "t",
             &mut rng,
         );
-        let (after_two, outcomes) = apply(
+        let (after_two, outcomes) = run(
             &after_one,
-            Some(&space()),
             &Intent {
                 allocate: vec![request("b")],
                 ..Default::default()
             },
-            "t",
             &mut rng,
         );
         assert_eq!(
@@ -241,7 +281,7 @@ mod tests {
             allocate: vec![request("a"), request("b"), request("c"), request("d")],
             ..Default::default()
         };
-        let (ledger, outcomes) = apply(&Ledger::default(), Some(&space()), &all, "t", &mut rng);
+        let (ledger, outcomes) = run(&Ledger::default(), &all, &mut rng);
         assert_eq!(outcomes["d"], Err(Refusal::Alloc(AllocError::Exhausted)));
         let done = Intent {
             confirm: vec![
@@ -252,7 +292,7 @@ mod tests {
             allocate: vec![request("d")],
             ..Default::default()
         };
-        let (ledger, outcomes) = apply(&ledger, Some(&space()), &done, "t", &mut rng);
+        let (ledger, outcomes) = run(&ledger, &done, &mut rng);
         assert_eq!(
             outcomes["d"].as_ref().map(|l| l.address),
             Ok(ip("10.0.0.3")),
@@ -277,20 +317,18 @@ mod tests {
             release_claims: vec!["b".into()],
             ..Default::default()
         };
-        let (next, _) = apply(&ledger, Some(&space()), &intent, "t", &mut rng);
+        let (next, _) = run(&ledger, &intent, &mut rng);
         assert!(next.contains(ip("10.0.0.1")), "still a's");
         assert!(
             !next.contains(ip("10.0.0.2")),
             "unbound and verified absent: freed"
         );
-        let (next, _) = apply(
+        let (next, _) = run(
             &next,
-            Some(&space()),
             &Intent {
                 release_claims: vec!["a".into()],
                 ..Default::default()
             },
-            "t",
             &mut rng,
         );
         assert!(

@@ -168,6 +168,13 @@ pub struct Stored {
     resource_version: Option<String>,
 }
 
+impl Stored {
+    /// The server's version of this ledger (changes with every write, by anyone).
+    pub fn version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
+    }
+}
+
 /// Where one pool's ledger lives.
 #[derive(Clone)]
 pub struct LedgerRef {

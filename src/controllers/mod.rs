@@ -63,9 +63,37 @@ pub struct Context {
     pub pools: Store<InClusterIPPool>,
     pub global_pools: Store<GlobalInClusterIPPool>,
     orphan_since: Mutex<HashMap<PoolKey, Instant>>,
+    spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
+}
+
+/// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
+/// it from every allocated address.
+pub struct CachedSpace {
+    /// The pool's UID and generation: a new spec means a new space.
+    pub pool: (String, i64),
+    pub ledger_version: String,
+    pub space: crate::alloc::AddressSpace,
 }
 
 impl Context {
+    /// The cached space of `key` if it was built for this pool spec and this ledger version.
+    pub fn take_space(
+        &self,
+        key: &PoolKey,
+        pool: &(String, i64),
+        ledger_version: Option<&str>,
+    ) -> Option<crate::alloc::AddressSpace> {
+        let cached = self.spaces.lock().ok()?.remove(key)?;
+        (&cached.pool == pool && Some(cached.ledger_version.as_str()) == ledger_version)
+            .then_some(cached.space)
+    }
+
+    pub fn keep_space(&self, key: &PoolKey, cached: CachedSpace) {
+        if let Ok(mut spaces) = self.spaces.lock() {
+            spaces.insert(key.clone(), cached);
+        }
+    }
+
     pub fn orphan_watch(&self, key: &PoolKey) -> Option<Instant> {
         self.orphan_since.lock().ok()?.get(key).copied()
     }
@@ -224,6 +252,7 @@ pub async fn run(
         pools: pools.store.clone(),
         global_pools: global_pools.store.clone(),
         orphan_since: Mutex::new(HashMap::new()),
+        spaces: Mutex::new(HashMap::new()),
     });
 
     let config = ControllerConfig::default().debounce(Duration::from_millis(100));

@@ -189,7 +189,13 @@ impl Bitpool {
         let log = dir.join(format!("bitpool-{filter}-{n}.log"));
         let file = std::fs::File::create(&log).expect("create log file");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
-            .args(["run", "--watch-filter", filter, "--ledger-namespace", filter])
+            .args([
+                "run",
+                "--watch-filter",
+                filter,
+                "--ledger-namespace",
+                filter,
+            ])
             .args(extra_args)
             .env("KUBECONFIG", kubeconfig_path())
             .env("RUST_LOG", "info,bitpool=debug")
@@ -197,7 +203,10 @@ impl Bitpool {
             .stderr(file)
             .spawn()
             .expect("start bitpool");
-        Self { child: Some(child), log }
+        Self {
+            child: Some(child),
+            log,
+        }
     }
 
     /// SIGKILL: no shutdown, no cleanup, whatever API call was in flight is cut off.
@@ -210,7 +219,9 @@ impl Bitpool {
 
     /// Whether the process is still running (it has not exited on an error).
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 }
 
