@@ -139,14 +139,15 @@ wait_ready() {
 
 start_process() {
   local name=$1; shift
-  "$@" >"$STATE_DIR/$name.log" 2>&1 &
+  # 9>&-: the daemons must not inherit the lock, or the next `up` would wait on it forever.
+  "$@" >"$STATE_DIR/$name.log" 2>&1 9>&- &
   echo $! >"$STATE_DIR/$name.pid"
 }
 
 up() {
   mkdir -p "$STATE_DIR"
   exec 9>"$STATE_DIR/lock"
-  flock 9 2>/dev/null || true
+  flock -w 600 9 || die "another hack/control-plane.sh up holds $STATE_DIR/lock"
   if running; then
     echo "$KUBECONFIG_PATH"
     return 0

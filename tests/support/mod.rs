@@ -132,12 +132,48 @@ impl Drop for TestNamespace {
                 .build();
             if let Ok(runtime) = runtime {
                 runtime.block_on(async move {
-                    let api: Api<Namespace> = Api::all(client().await);
+                    let client = client().await;
+                    let api: Api<Namespace> = Api::all(client.clone());
                     let _ = api.delete(&name, &DeleteParams::background()).await;
+                    release_finalizers(&client, &name).await;
                 });
             }
         });
         let _ = cleanup.join();
+    }
+}
+
+/// The kinds whose objects carry bitpool's finalizers. With no bitpool left running after a
+/// test, nothing else would remove them, and the namespace would stay Terminating forever.
+fn finalized_kinds() -> Vec<kube::api::ApiResource> {
+    use bitpool::api::{capi, capi_pools, metal3_data, metal3_ipam};
+    vec![
+        kube::api::ApiResource::erase::<capi::IPAddressClaim>(&()),
+        kube::api::ApiResource::erase::<capi::IPAddress>(&()),
+        kube::api::ApiResource::erase::<capi_pools::InClusterIPPool>(&()),
+        kube::api::ApiResource::erase::<metal3_ipam::IPPool>(&()),
+        kube::api::ApiResource::erase::<metal3_ipam::IPClaim>(&()),
+        kube::api::ApiResource::erase::<metal3_ipam::Metal3IPAddress>(&()),
+        kube::api::ApiResource::erase::<metal3_data::Metal3DataTemplate>(&()),
+        kube::api::ApiResource::erase::<metal3_data::Metal3Data>(&()),
+        kube::api::ApiResource::erase::<metal3_data::Metal3DataClaim>(&()),
+    ]
+}
+
+/// Removes every finalizer from the objects of `finalized_kinds` in `namespace`.
+async fn release_finalizers(client: &Client, namespace: &str) {
+    use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+    let clear = Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } }));
+    for resource in finalized_kinds() {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            continue;
+        };
+        for object in list.items {
+            if let Some(name) = object.metadata.name.as_deref() {
+                let _ = api.patch(name, &PatchParams::default(), &clear).await;
+            }
+        }
     }
 }
 
