@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{controllers, crds};
+use crate::api::capi_pools::InClusterIPPool;
+use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
+use crate::{controllers, crds, migrate};
 
 #[derive(Debug, Parser)]
 #[command(name = "bitpool", version, about = "IP address management for bare-metal Kubernetes", long_about = None)]
@@ -21,6 +23,32 @@ pub enum Command {
     Run(RunArgs),
     /// Print the CRDs of the kinds bitpool serves, write them to a directory, or apply them.
     Crds(CrdsArgs),
+    /// Write InClusterIPPools that replace Metal3 IPPools, pinning every allocated address to its
+    /// claim name so that no address changes. Prints the manifests unless --apply is given.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// Read IPPools and Metal3 IPAddresses from these YAML files instead of the cluster.
+    #[arg(
+        long = "from-file",
+        env = "BITPOOL_MIGRATE_FROM_FILES",
+        value_delimiter = ','
+    )]
+    pub from_files: Vec<PathBuf>,
+    /// Only IPPools of this namespace (default: every namespace).
+    #[arg(long, env = "BITPOOL_MIGRATE_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Only these IPPools (by name; default: all).
+    #[arg(long = "pool", env = "BITPOOL_MIGRATE_POOLS", value_delimiter = ',')]
+    pub pools: Vec<String>,
+    /// Prove that every allocated address would stay with its claim; exit 1 if any would not.
+    #[arg(long, env = "BITPOOL_MIGRATE_CHECK")]
+    pub check: bool,
+    /// Create the InClusterIPPools in the cluster (server-side apply) instead of printing them.
+    #[arg(long, env = "BITPOOL_MIGRATE_APPLY", conflicts_with = "check")]
+    pub apply: bool,
 }
 
 #[derive(Debug, Args)]
@@ -75,13 +103,163 @@ pub enum Error {
     Connect(#[source] kube::Error),
     #[error("cannot write to standard output: {0}")]
     Stdout(#[source] std::io::Error),
+    #[error("cannot read {path}: {reason}")]
+    Input { path: String, reason: String },
+    #[error("cannot list {what}: {source}")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Migrate(#[from] migrate::MigrateError),
+    #[error("cannot render the manifests: {0}")]
+    Render(#[source] serde_saphyr::SerializeError),
+    #[error("cannot apply InClusterIPPool {name}: {source}")]
+    Apply { name: String, source: kube::Error },
+    #[error("{0} allocation(s) would change; nothing was written")]
+    WouldChange(usize),
 }
 
 pub async fn execute(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Run(args) => run(args).await,
         Command::Crds(args) => crds_command(args).await,
+        Command::Migrate(args) => migrate_command(args).await,
     }
+}
+
+/// IPPools and Metal3 IPAddresses from YAML files (any other documents are skipped).
+fn read_metal3_objects(paths: &[PathBuf]) -> Result<(Vec<IPPool>, Vec<Metal3IPAddress>), Error> {
+    let mut pools = Vec::new();
+    let mut addresses = Vec::new();
+    for path in paths {
+        let input = |reason: String| Error::Input {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| input(e.to_string()))?;
+        let documents: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).map_err(|e| input(e.to_string()))?;
+        for document in documents {
+            let api_version = document["apiVersion"].as_str().unwrap_or_default();
+            if api_version != "ipam.metal3.io/v1alpha1" {
+                continue;
+            }
+            match document["kind"].as_str() {
+                Some("IPPool") => {
+                    pools.push(serde_json::from_value(document).map_err(|e| input(e.to_string()))?)
+                }
+                Some("IPAddress") => addresses
+                    .push(serde_json::from_value(document).map_err(|e| input(e.to_string()))?),
+                _ => {}
+            }
+        }
+    }
+    Ok((pools, addresses))
+}
+
+async fn migrate_command(args: MigrateArgs) -> Result<(), Error> {
+    let client = if args.from_files.is_empty() || args.apply {
+        Some(kube::Client::try_default().await.map_err(Error::Connect)?)
+    } else {
+        None
+    };
+    let (pools, addresses) = match (&client, args.from_files.is_empty()) {
+        (Some(client), true) => {
+            let lp = kube::api::ListParams::default();
+            let pools: kube::Api<IPPool> = match &args.namespace {
+                Some(ns) => kube::Api::namespaced(client.clone(), ns),
+                None => kube::Api::all(client.clone()),
+            };
+            let addresses: kube::Api<Metal3IPAddress> = match &args.namespace {
+                Some(ns) => kube::Api::namespaced(client.clone(), ns),
+                None => kube::Api::all(client.clone()),
+            };
+            let pools = pools.list(&lp).await.map_err(|source| Error::List {
+                what: "IPPools",
+                source,
+            })?;
+            let addresses = addresses.list(&lp).await.map_err(|source| Error::List {
+                what: "Metal3 IPAddresses",
+                source,
+            })?;
+            (pools.items, addresses.items)
+        }
+        _ => read_metal3_objects(&args.from_files)?,
+    };
+    let selected = pools.iter().filter(|p| {
+        args.namespace
+            .as_ref()
+            .is_none_or(|ns| p.metadata.namespace.as_ref() == Some(ns))
+            && (args.pools.is_empty()
+                || args
+                    .pools
+                    .iter()
+                    .any(|n| p.metadata.name.as_ref() == Some(n)))
+    });
+    let mut migrations = Vec::new();
+    for pool in selected {
+        migrations.push(migrate::plan(pool, &addresses)?);
+    }
+    let mut changed = 0;
+    for migration in &migrations {
+        let changes = migrate::check(migration);
+        if args.check {
+            eprintln!(
+                "IPPool {}: {} allocation(s), {}",
+                migration.source,
+                migration.pinned.len(),
+                if changes.is_empty() {
+                    "every address kept".to_string()
+                } else {
+                    format!("{} would change", changes.len())
+                }
+            );
+        }
+        for change in &changes {
+            eprintln!(
+                "  {}: {} today, {} after migration",
+                change.claim, change.today, change.after
+            );
+        }
+        changed += changes.len();
+    }
+    if changed > 0 {
+        return Err(Error::WouldChange(changed));
+    }
+    if args.check {
+        return Ok(());
+    }
+    if let (true, Some(client)) = (args.apply, client) {
+        let params = kube::api::PatchParams::apply(crds::FIELD_MANAGER);
+        for migration in &migrations {
+            let pool = &migration.pool;
+            let name = pool.metadata.name.clone().unwrap_or_default();
+            let api: kube::Api<InClusterIPPool> = kube::Api::namespaced(
+                client.clone(),
+                pool.metadata.namespace.as_deref().unwrap_or("default"),
+            );
+            let mut body = serde_json::to_value(pool).map_err(|e| Error::Input {
+                path: name.clone(),
+                reason: e.to_string(),
+            })?;
+            body["apiVersion"] = "ipam.cluster.x-k8s.io/v1alpha2".into();
+            body["kind"] = "InClusterIPPool".into();
+            api.patch(&name, &params, &kube::api::Patch::Apply(body))
+                .await
+                .map_err(|source| Error::Apply {
+                    name: name.clone(),
+                    source,
+                })?;
+            eprintln!("applied InClusterIPPool {}", migration.source);
+        }
+        return Ok(());
+    }
+    use std::io::Write;
+    let yaml = migrate::to_yaml(&migrations).map_err(Error::Render)?;
+    std::io::stdout()
+        .write_all(yaml.as_bytes())
+        .map_err(Error::Stdout)
 }
 
 async fn crds_command(args: CrdsArgs) -> Result<(), Error> {

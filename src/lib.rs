@@ -4,6 +4,7 @@
 //! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
 //! - [`crds`]: the CustomResourceDefinitions generated from those types.
 //! - [`controllers`]: the reconcilers (fetch, compute with [`alloc`], apply, write status).
+//! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
 //! - [`cli`]: the `bitpool` command line.
 
 pub mod alloc;
@@ -11,3 +12,4 @@ pub mod api;
 pub mod cli;
 pub mod controllers;
 pub mod crds;
+pub mod migrate;

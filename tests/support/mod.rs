@@ -42,7 +42,7 @@ pub fn read_crds(path: &Path) -> Vec<CustomResourceDefinition> {
 }
 
 /// The kubeconfig to use: $KUBECONFIG when set, else the local control plane's (started on demand).
-fn kubeconfig_path() -> &'static PathBuf {
+pub fn kubeconfig_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
         if let Some(path) = std::env::var_os("KUBECONFIG").filter(|p| !p.is_empty()) {

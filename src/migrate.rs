@@ -1,0 +1,447 @@
+//! `bitpool migrate`: from Metal3 IPPools to InClusterIPPools without changing any address.
+//!
+//! Each Metal3 IPPool becomes an InClusterIPPool of the same name and namespace whose
+//! `preAllocations` pin every allocated address to the name of the claim that holds it (and keep
+//! the pool's own preallocations). Claims re-created against the new pool under the same names
+//! — BareMetalHost-name based claim names (`<bmh>-<pool>`) are stable across re-provisioning —
+//! get the same addresses, so no node rolls and no address changes. [`check`] proves it by
+//! building the new pool's address space and asking it.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+use crate::alloc::{self, AddressSpace, Metal3Entry, Metal3Pool};
+use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
+use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
+use crate::api::{AllocationStrategy, labels};
+
+/// Why a pool cannot be migrated as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MigrateError {
+    #[error("IPPool {pool}: {source}")]
+    InvalidPool {
+        pool: String,
+        #[source]
+        source: alloc::SpecError,
+    },
+    #[error(
+        "IPPool {pool}: entries use different prefixes or gateways ({details}); an InClusterIPPool has one of each, so split the pool first"
+    )]
+    MixedParameters { pool: String, details: String },
+    #[error("IPPool {pool}: entry {index} is open-ended (start only); give it an end or a subnet")]
+    OpenEnded { pool: String, index: usize },
+    #[error("IPPool {pool}: claim {claim} holds {address}, which is not a valid address")]
+    BadAddress {
+        pool: String,
+        claim: String,
+        address: String,
+    },
+    #[error("IPPool {pool}: claim {claim} holds both {first} and {second}")]
+    TwoAddresses {
+        pool: String,
+        claim: String,
+        first: String,
+        second: String,
+    },
+}
+
+/// One Metal3 pool's migration: the InClusterIPPool to create and what it pins.
+#[derive(Debug, Clone)]
+pub struct Migration {
+    pub source: String,
+    pub pool: InClusterIPPool,
+    /// Claim name → address it has today (and will get from the new pool).
+    pub pinned: BTreeMap<String, IpAddr>,
+}
+
+fn pool_key(pool: &IPPool) -> String {
+    format!(
+        "{}/{}",
+        pool.namespace().unwrap_or_default(),
+        pool.name_any()
+    )
+}
+
+fn metal3_entries(pool: &IPPool) -> Vec<Metal3Entry> {
+    pool.spec
+        .pools
+        .iter()
+        .map(|e| Metal3Entry {
+            start: e.start.clone(),
+            end: e.end.clone(),
+            subnet: e.subnet.clone(),
+            prefix: e.prefix.map(i64::from),
+            gateway: e.gateway.clone(),
+            dns_servers: e.dns_servers.clone(),
+        })
+        .collect()
+}
+
+/// The allocation core's view of a Metal3 IPPool spec.
+pub fn to_alloc(pool: &IPPool) -> Metal3Pool {
+    Metal3Pool {
+        entries: metal3_entries(pool),
+        prefix: pool.spec.prefix.map(i64::from),
+        gateway: pool.spec.gateway.clone(),
+        dns_servers: pool.spec.dns_servers.clone(),
+        pre_allocations: pool.spec.pre_allocations.clone(),
+        strategy: match pool.spec.allocation_strategy {
+            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
+            _ => alloc::Strategy::Sequential,
+        },
+    }
+}
+
+/// The InClusterIPPool `addresses` for a Metal3 pool: each entry's range as `first-last`.
+fn entry_ranges(pool: &IPPool, layout: &alloc::pool::Layout) -> Result<Vec<String>, MigrateError> {
+    let family = layout.family;
+    let mut out = Vec::new();
+    for (index, entry) in pool.spec.pools.iter().enumerate() {
+        if entry.end.is_none() && entry.subnet.is_none() {
+            return Err(MigrateError::OpenEnded {
+                pool: pool_key(pool),
+                index,
+            });
+        }
+        // The layout's segments of this entry, in order; adjacent ones are written as one range.
+        let mut runs: Vec<(u128, u128)> = Vec::new();
+        for segment in layout.segments.iter().filter(|s| s.params == index) {
+            match runs.last_mut() {
+                Some((_, last)) if last.checked_add(1) == Some(segment.first) => {
+                    *last = segment.last
+                }
+                _ => runs.push((segment.first, segment.last)),
+            }
+        }
+        for (first, last) in runs {
+            out.push(if first == last {
+                family.address(first).to_string()
+            } else {
+                format!("{}-{}", family.address(first), family.address(last))
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Plans the migration of `pool` whose allocated addresses are `addresses` (Metal3 IPAddress
+/// objects; those of other pools are ignored).
+pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, MigrateError> {
+    let key = pool_key(pool);
+    let layout = to_alloc(pool)
+        .layout()
+        .map_err(|source| MigrateError::InvalidPool {
+            pool: key.clone(),
+            source,
+        })?;
+    let mut params: Vec<_> = layout
+        .segments
+        .iter()
+        .map(|s| &layout.params[s.params])
+        .map(|p| (p.prefix, p.gateway))
+        .collect();
+    params.dedup();
+    params.sort();
+    params.dedup();
+    let [(prefix, gateway)] = params[..] else {
+        let details = params
+            .iter()
+            .map(|(p, g)| {
+                format!(
+                    "/{p} via {}",
+                    g.map_or("none".to_string(), |g| g.to_string())
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(MigrateError::MixedParameters { pool: key, details });
+    };
+
+    let mut pinned: BTreeMap<String, IpAddr> = BTreeMap::new();
+    for (claim, text) in &pool.spec.pre_allocations {
+        if let Some(address) = alloc::family::parse_address(text) {
+            pinned.insert(claim.clone(), address);
+        }
+    }
+    let namespace = pool.namespace().unwrap_or_default();
+    for address in addresses {
+        let same_pool = address.spec.pool.name.as_deref() == Some(pool.name_any().as_str())
+            && address.namespace().unwrap_or_default() == namespace;
+        if !same_pool {
+            continue;
+        }
+        let claim = address.spec.claim.name.clone().unwrap_or_default();
+        let parsed = alloc::family::parse_address(&address.spec.address).ok_or_else(|| {
+            MigrateError::BadAddress {
+                pool: key.clone(),
+                claim: claim.clone(),
+                address: address.spec.address.clone(),
+            }
+        })?;
+        if let Some(previous) = pinned.insert(claim.clone(), parsed)
+            && previous != parsed
+            && !pool.spec.pre_allocations.contains_key(&claim)
+        {
+            return Err(MigrateError::TwoAddresses {
+                pool: key,
+                claim,
+                first: previous.to_string(),
+                second: parsed.to_string(),
+            });
+        }
+    }
+
+    let mut meta = ObjectMeta {
+        name: Some(pool.name_any()),
+        namespace: pool.namespace(),
+        ..Default::default()
+    };
+    if let Some(cluster) = pool.spec.cluster_name.as_ref().filter(|c| !c.is_empty()) {
+        meta.labels = Some(BTreeMap::from([(
+            labels::CLUSTER_NAME.to_string(),
+            cluster.clone(),
+        )]));
+    }
+    let dns_servers = layout
+        .params
+        .first()
+        .map(|p| p.dns_servers.clone())
+        .unwrap_or_default();
+    let new_pool = InClusterIPPool {
+        metadata: meta,
+        spec: InClusterIPPoolSpec {
+            addresses: entry_ranges(pool, &layout)?,
+            prefix: i32::from(prefix),
+            gateway: gateway.map(|g| g.to_string()),
+            // Metal3 hands out a subnet's network-adjacent and broadcast addresses: keep them.
+            allocate_reserved_ip_addresses: true,
+            pre_allocations: pinned
+                .iter()
+                .map(|(c, a)| (c.clone(), a.to_string()))
+                .collect(),
+            allocation_strategy: pool.spec.allocation_strategy,
+            dns_servers: dns_servers.iter().map(ToString::to_string).collect(),
+            ..Default::default()
+        },
+        status: None,
+    };
+    Ok(Migration {
+        source: key,
+        pool: new_pool,
+        pinned,
+    })
+}
+
+/// A claim whose address would change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub claim: String,
+    pub today: IpAddr,
+    pub after: String,
+}
+
+/// Proves the migration keeps every address: builds the new pool's address space and lets
+/// each pinned claim allocate, as it will after migration.
+pub fn check(migration: &Migration) -> Vec<Change> {
+    let space = AddressSpace::capi(&crate::controllers::capi::to_alloc(&migration.pool.spec));
+    let mut space = match space {
+        Ok(space) => space,
+        Err(e) => {
+            return migration
+                .pinned
+                .iter()
+                .map(|(claim, today)| Change {
+                    claim: claim.clone(),
+                    today: *today,
+                    after: format!("no address: the new pool is invalid ({e})"),
+                })
+                .collect();
+        }
+    };
+    let mut rng = rand::rng();
+    let mut changes = Vec::new();
+    for (claim, today) in &migration.pinned {
+        let after = match space.allocate(claim, None, &mut rng) {
+            Ok(lease) if lease.address == *today => continue,
+            Ok(lease) => lease.address.to_string(),
+            Err(e) => format!("no address: {e}"),
+        };
+        changes.push(Change {
+            claim: claim.clone(),
+            today: *today,
+            after,
+        });
+    }
+    changes
+}
+
+/// The manifests of `migrations` as one YAML stream, in a stable order.
+pub fn to_yaml(migrations: &[Migration]) -> Result<String, serde_saphyr::SerializeError> {
+    let mut out = String::new();
+    for migration in migrations {
+        let mut pool = migration.pool.clone();
+        pool.meta_mut().annotations = Some(BTreeMap::from([(
+            "ipam.bitpool.dev/migrated-from".to_string(),
+            format!("IPPool.ipam.metal3.io {}", migration.source),
+        )]));
+        let mut value = serde_json::to_value(&pool).unwrap_or_default();
+        if let Some(object) = value.as_object_mut() {
+            object.remove("status");
+        }
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&value)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::metal3_ipam::{IPPoolSpec, Metal3IPAddressSpec, Metal3PoolRange};
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    fn pool(ranges: Vec<Metal3PoolRange>) -> IPPool {
+        let mut pool = IPPool::new(
+            "provisioning",
+            IPPoolSpec {
+                name_prefix: "prov".into(),
+                pools: ranges,
+                prefix: Some(24),
+                gateway: Some("192.168.0.1".into()),
+                dns_servers: vec!["8.8.8.8".into()],
+                cluster_name: Some("test1".into()),
+                ..Default::default()
+            },
+        );
+        pool.metadata.namespace = Some("metal3".into());
+        pool
+    }
+
+    fn range(start: &str, end: &str) -> Metal3PoolRange {
+        Metal3PoolRange {
+            start: Some(start.into()),
+            end: Some(end.into()),
+            ..Default::default()
+        }
+    }
+
+    fn address(claim: &str, ip: &str) -> Metal3IPAddress {
+        let mut a = Metal3IPAddress::new(
+            &format!("prov-{}", ip.replace('.', "-")),
+            Metal3IPAddressSpec {
+                claim: ObjectReference {
+                    name: Some(claim.into()),
+                    ..Default::default()
+                },
+                pool: ObjectReference {
+                    name: Some("provisioning".into()),
+                    ..Default::default()
+                },
+                address: ip.into(),
+                ..Default::default()
+            },
+        );
+        a.metadata.namespace = Some("metal3".into());
+        a
+    }
+
+    #[test]
+    fn every_allocation_is_pinned_and_the_check_finds_no_change() {
+        let pool = pool(vec![
+            range("192.168.0.20", "192.168.0.30"),
+            range("192.168.0.10", "192.168.0.15"),
+        ]);
+        let allocations: Vec<_> = (0..8)
+            .map(|i| {
+                address(
+                    &format!("node-{i}-provisioning"),
+                    &format!("192.168.0.{}", 20 + i),
+                )
+            })
+            .chain(
+                [address("other-pool-claim", "10.0.0.1")]
+                    .into_iter()
+                    .map(|mut a| {
+                        a.spec.pool.name = Some("elsewhere".into());
+                        a
+                    }),
+            )
+            .collect();
+        let migration = plan(&pool, &allocations).expect("migratable");
+        assert_eq!(
+            migration.pinned.len(),
+            8,
+            "the other pool's address is not pinned"
+        );
+        let spec = &migration.pool.spec;
+        assert_eq!(
+            spec.addresses,
+            ["192.168.0.20-192.168.0.30", "192.168.0.10-192.168.0.15"]
+        );
+        assert_eq!(
+            (spec.prefix, spec.gateway.as_deref()),
+            (24, Some("192.168.0.1"))
+        );
+        assert_eq!(spec.dns_servers, ["8.8.8.8"]);
+        assert_eq!(spec.pre_allocations["node-3-provisioning"], "192.168.0.23");
+        assert_eq!(
+            migration.pool.metadata.name.as_deref(),
+            Some("provisioning")
+        );
+        assert_eq!(migration.pool.metadata.namespace.as_deref(), Some("metal3"));
+        assert!(check(&migration).is_empty());
+        let yaml = to_yaml(&[migration]).expect("renders");
+        assert!(
+            yaml.contains("kind: InClusterIPPool")
+                && yaml.contains("node-7-provisioning: \"192.168.0.27\""),
+            "{yaml}"
+        );
+        assert!(!yaml.contains("status"));
+    }
+
+    #[test]
+    fn the_check_reports_an_address_the_new_pool_cannot_give() {
+        // Upstream Metal3 hands out the gateway when it lies in a range; an InClusterIPPool never
+        // does, so that allocation cannot be kept and the check must say so.
+        let pool = pool(vec![range("192.168.0.1", "192.168.0.5")]);
+        let migration = plan(&pool, &[address("gw-holder", "192.168.0.1")]).expect("plans");
+        let changes = check(&migration);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].claim, "gw-holder");
+        assert!(
+            changes[0].after.contains("no address"),
+            "{}",
+            changes[0].after
+        );
+    }
+
+    #[test]
+    fn pools_that_cannot_be_expressed_are_refused_with_a_reason() {
+        let mut mixed = pool(vec![
+            range("192.168.0.10", "192.168.0.20"),
+            range("192.168.1.10", "192.168.1.20"),
+        ]);
+        mixed.spec.pools[1].gateway = Some("192.168.1.1".into());
+        assert!(matches!(
+            plan(&mixed, &[]),
+            Err(MigrateError::MixedParameters { .. })
+        ));
+        let open = pool(vec![Metal3PoolRange {
+            start: Some("192.168.0.10".into()),
+            ..Default::default()
+        }]);
+        assert!(matches!(
+            plan(&open, &[]),
+            Err(MigrateError::OpenEnded { index: 0, .. })
+        ));
+        let twice = pool(vec![range("192.168.0.10", "192.168.0.20")]);
+        let err = plan(
+            &twice,
+            &[address("a", "192.168.0.10"), address("a", "192.168.0.11")],
+        );
+        assert!(matches!(err, Err(MigrateError::TwoAddresses { .. })));
+    }
+}
