@@ -11,8 +11,10 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
 
+stop_plane=""
 if [ -z "${KUBECONFIG:-}" ]; then
   if ! hack/control-plane.sh status >/dev/null 2>&1; then
+    stop_plane=1
     trap 'hack/control-plane.sh down' EXIT
   fi
   KUBECONFIG=$(hack/control-plane.sh up)
@@ -24,4 +26,13 @@ cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --quiet -- -D warnings
 echo "== cargo test (KUBECONFIG=$KUBECONFIG)"
-cargo test --all-targets "$@"
+log=$(mktemp)
+trap 'rm -f "$log"; [ -n "${stop_plane:-}" ] && hack/control-plane.sh down' EXIT
+set +e
+cargo test --all-targets "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line over every test binary (criterion's output comes last otherwise).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "bitpool: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -13,10 +13,11 @@ use std::net::IpAddr;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use crate::alloc::{self, AddressSpace, Metal3Entry, Metal3Pool};
+use crate::alloc::{self, AddressSpace};
 use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
+use crate::api::labels;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
-use crate::api::{AllocationStrategy, labels};
+use crate::controllers::metal3::to_alloc;
 
 /// Why a pool cannot be migrated as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -63,36 +64,6 @@ fn pool_key(pool: &IPPool) -> String {
         pool.namespace().unwrap_or_default(),
         pool.name_any()
     )
-}
-
-fn metal3_entries(pool: &IPPool) -> Vec<Metal3Entry> {
-    pool.spec
-        .pools
-        .iter()
-        .map(|e| Metal3Entry {
-            start: e.start.clone(),
-            end: e.end.clone(),
-            subnet: e.subnet.clone(),
-            prefix: e.prefix.map(i64::from),
-            gateway: e.gateway.clone(),
-            dns_servers: e.dns_servers.clone(),
-        })
-        .collect()
-}
-
-/// The allocation core's view of a Metal3 IPPool spec.
-pub fn to_alloc(pool: &IPPool) -> Metal3Pool {
-    Metal3Pool {
-        entries: metal3_entries(pool),
-        prefix: pool.spec.prefix.map(i64::from),
-        gateway: pool.spec.gateway.clone(),
-        dns_servers: pool.spec.dns_servers.clone(),
-        pre_allocations: pool.spec.pre_allocations.clone(),
-        strategy: match pool.spec.allocation_strategy {
-            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
-            _ => alloc::Strategy::Sequential,
-        },
-    }
 }
 
 /// The InClusterIPPool `addresses` for a Metal3 pool: each entry's range as `first-last`.

@@ -750,7 +750,7 @@ async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_o
         (ready.reason == "Deleting").then_some(ready.message)
     })
     .await;
-    assert!(reason.contains("3 IPAddress"), "{reason}");
+    assert!(reason.contains("waiting for 3 address(es)"), "{reason}");
     for name in ["a", "b", "c"] {
         env.claims()
             .delete(name, &DeleteParams::default())

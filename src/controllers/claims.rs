@@ -9,9 +9,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::capi::PoolKey;
 use super::error::Error;
 use super::objects;
+use super::pool::PoolKey;
 use crate::api::capi::{self, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
 

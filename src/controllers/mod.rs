@@ -1,17 +1,23 @@
 //! The reconcilers and their wiring: one watch per kind feeds a shared cache (the reflector
 //! stores, used as indexes) and triggers every controller that cares about it.
 //!
-//! - [`capi`]: InClusterIPPool / GlobalInClusterIPPool serving IPAddressClaims, one batch per pool.
-//! - [`claims`]: claims whose pool does not exist.
+//! - [`pool`]: the pool engine, one batch per pool, whatever its dialect;
+//! - [`capi`]: its InClusterIPPool / GlobalInClusterIPPool dialect;
+//! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
+//! - [`claims`]: claims whose pool does not exist;
 //! - [`ledger`] and [`intent`]: the per-pool record that makes the API server the judge of every
-//!   allocation, and the pure transaction applied to it.
+//!   allocation, and the pure transaction applied to it;
+//! - [`kinds`]: the claim and address kinds behind one interface.
 
 pub mod capi;
 pub mod claims;
 pub mod error;
 pub mod intent;
+pub mod kinds;
 pub mod ledger;
+pub mod metal3;
 pub mod objects;
+pub mod pool;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -34,7 +40,8 @@ pub use error::Error;
 
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
-use capi::PoolKey;
+use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
+use pool::{PoolDialect, PoolKey};
 
 /// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
@@ -62,6 +69,9 @@ pub struct Context {
     pub clusters: Option<Store<Cluster>>,
     pub pools: Store<InClusterIPPool>,
     pub global_pools: Store<GlobalInClusterIPPool>,
+    pub ippools: Store<IPPool>,
+    pub ipclaims: Store<IPClaim>,
+    pub metal3_addresses: Store<Metal3IPAddress>,
     orphan_since: Mutex<HashMap<PoolKey, Instant>>,
     spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
 }
@@ -220,6 +230,15 @@ async fn ensure_namespace(client: &Client, name: &str) {
     }
 }
 
+/// One shared cache per watched kind.
+struct Caches {
+    claims: Shared<IPAddressClaim>,
+    addresses: Shared<IPAddress>,
+    ipclaims: Shared<IPClaim>,
+    metal3_addresses: Shared<Metal3IPAddress>,
+    clusters: Option<Shared<Cluster>>,
+}
+
 /// Runs every controller until `shutdown` completes.
 pub async fn run(
     client: Client,
@@ -230,27 +249,35 @@ pub async fn run(
     let namespace = settings.namespace.clone();
     let ns = namespace.as_deref();
 
-    let mut claims = Shared::<IPAddressClaim>::new();
-    let mut addresses = Shared::<IPAddress>::new();
-    let mut pools = Shared::<InClusterIPPool>::new();
-    let mut global_pools = Shared::<GlobalInClusterIPPool>::new();
-    let mut clusters = crd_exists(&client, "clusters.cluster.x-k8s.io")
-        .await
-        .then(Shared::<Cluster>::new);
-    if clusters.is_none() {
+    let mut caches = Caches {
+        claims: Shared::new(),
+        addresses: Shared::new(),
+        ipclaims: Shared::new(),
+        metal3_addresses: Shared::new(),
+        clusters: crd_exists(&client, "clusters.cluster.x-k8s.io")
+            .await
+            .then(Shared::new),
+    };
+    if caches.clusters.is_none() {
         tracing::info!(
             "Cluster API core is not installed: claims are never paused through a Cluster"
         );
     }
+    let mut pools = Shared::<InClusterIPPool>::new();
+    let mut global_pools = Shared::<GlobalInClusterIPPool>::new();
+    let mut ippools = Shared::<IPPool>::new();
 
     let ctx = Arc::new(Context {
         client: client.clone(),
         settings: settings.clone(),
-        claims: claims.store.clone(),
-        addresses: addresses.store.clone(),
-        clusters: clusters.as_ref().map(|c| c.store.clone()),
+        claims: caches.claims.store.clone(),
+        addresses: caches.addresses.store.clone(),
+        clusters: caches.clusters.as_ref().map(|c| c.store.clone()),
         pools: pools.store.clone(),
         global_pools: global_pools.store.clone(),
+        ippools: ippools.store.clone(),
+        ipclaims: caches.ipclaims.store.clone(),
+        metal3_addresses: caches.metal3_addresses.store.clone(),
         orphan_since: Mutex::new(HashMap::new()),
         spaces: Mutex::new(HashMap::new()),
     });
@@ -263,42 +290,48 @@ pub async fn run(
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-
-    let in_cluster =
-        pool_controller::<InClusterIPPool>(&pools, &claims, &addresses, clusters.as_ref(), &ctx)
-            .map(|c| {
-                c.with_config(config.clone())
-                    .graceful_shutdown_on(stop_signal())
-            });
-    let global = pool_controller::<GlobalInClusterIPPool>(
-        &global_pools,
-        &claims,
-        &addresses,
-        clusters.as_ref(),
-        &ctx,
-    )
-    .map(|c| {
+    let finish = |c: Controller<_>| {
+        c.with_config(config.clone())
+            .graceful_shutdown_on(stop_signal())
+    };
+    let in_cluster = pool_controller(&pools, &caches, &ctx).map(finish);
+    let global = pool_controller(&global_pools, &caches, &ctx).map(|c| {
         c.with_config(config.clone())
             .graceful_shutdown_on(stop_signal())
     });
-    let orphan_claims = claims.subscribe().map(|trigger| {
-        Controller::for_shared_stream(trigger, claims.store.clone())
+    let metal3 = pool_controller(&ippools, &caches, &ctx).map(|c| {
+        c.with_config(config.clone())
+            .graceful_shutdown_on(stop_signal())
+    });
+    let orphan_claims = caches.claims.subscribe().map(|trigger| {
+        Controller::for_shared_stream(trigger, caches.claims.store.clone())
             .with_config(config.clone())
             .graceful_shutdown_on(stop_signal())
     });
 
-    claims.start(api(&client, ns), watch_config(&settings, true));
-    addresses.start(api(&client, ns), watch_config(&settings, false));
-    pools.start(api(&client, ns), watch_config(&settings, true));
-    global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
-    if let Some(clusters) = clusters.as_mut() {
+    caches
+        .claims
+        .start(api(&client, ns), watch_config(&settings, true));
+    caches
+        .addresses
+        .start(api(&client, ns), watch_config(&settings, false));
+    caches
+        .ipclaims
+        .start(api(&client, ns), watch_config(&settings, true));
+    caches
+        .metal3_addresses
+        .start(api(&client, ns), watch_config(&settings, false));
+    if let Some(clusters) = caches.clusters.as_mut() {
         clusters.start(api(&client, ns), watch_config(&settings, false));
     }
+    pools.start(api(&client, ns), watch_config(&settings, true));
+    global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
+    ippools.start(api(&client, ns), watch_config(&settings, true));
 
     let in_cluster = async {
         if let Some(c) = in_cluster {
             drive(c.run(
-                capi::reconcile::<InClusterIPPool>,
+                pool::reconcile::<InClusterIPPool>,
                 error_policy,
                 ctx.clone(),
             ))
@@ -308,11 +341,16 @@ pub async fn run(
     let global = async {
         if let Some(c) = global {
             drive(c.run(
-                capi::reconcile::<GlobalInClusterIPPool>,
+                pool::reconcile::<GlobalInClusterIPPool>,
                 error_policy,
                 ctx.clone(),
             ))
             .await;
+        }
+    };
+    let metal3 = async {
+        if let Some(c) = metal3 {
+            drive(c.run(pool::reconcile::<IPPool>, error_policy, ctx.clone())).await;
         }
     };
     let orphan_claims = async {
@@ -325,7 +363,7 @@ pub async fn run(
         let _ = stop.send(true);
     };
     tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, "controllers started");
-    future::join4(in_cluster, global, orphan_claims, stop_on_shutdown).await;
+    future::join5(in_cluster, global, metal3, orphan_claims, stop_on_shutdown).await;
 }
 
 /// Runs a controller to its end (shutdown); failed reconciles were logged by [`error_policy`].
@@ -347,32 +385,38 @@ async fn drive<K: Resource>(
         .await;
 }
 
-/// A controller for one CAPI pool kind, triggered by its pools, their claims and addresses, and
-/// the Clusters of those claims (for pause and unpause).
+/// A controller for one pool kind, triggered by its pools, the claims and address objects of
+/// either API that name a pool of that kind, and the Clusters of those claims and pools (for
+/// pause and unpause).
 fn pool_controller<P>(
     pools: &Shared<P>,
-    claims: &Shared<IPAddressClaim>,
-    addresses: &Shared<IPAddress>,
-    clusters: Option<&Shared<Cluster>>,
+    caches: &Caches,
     ctx: &Arc<Context>,
 ) -> Option<Controller<P>>
 where
-    P: capi::CapiPoolKind,
+    P: PoolDialect,
     ObjectRef<P>: Hash + Eq,
 {
     let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
-        .watches_shared_stream(claims.subscribe()?, |claim| {
+        .watches_shared_stream(caches.claims.subscribe()?, |claim| {
             PoolKey::of_claim(&claim).and_then(|k| k.object_ref::<P>())
         })
-        .watches_shared_stream(addresses.subscribe()?, |address| {
+        .watches_shared_stream(caches.addresses.subscribe()?, |address| {
             PoolKey::of_address(&address).and_then(|k| k.object_ref::<P>())
+        })
+        .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
+            PoolKey::of_ipclaim(&claim).and_then(|k| k.object_ref::<P>())
+        })
+        .watches_shared_stream(caches.metal3_addresses.subscribe()?, |address| {
+            PoolKey::of_metal3_address(&address).and_then(|k| k.object_ref::<P>())
         });
-    if let Some(clusters) = clusters {
-        let claim_store = ctx.claims.clone();
+    if let Some(clusters) = &caches.clusters {
+        let ctx = ctx.clone();
         controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {
             let namespace = cluster.meta().namespace.clone();
             let name = cluster.meta().name.clone();
-            claim_store
+            let of_claims = ctx
+                .claims
                 .state()
                 .into_iter()
                 .filter(|c| {
@@ -380,7 +424,22 @@ where
                         && objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta())
                             == name.as_deref()
                 })
-                .filter_map(|c| PoolKey::of_claim(&c).and_then(|k| k.object_ref::<P>()))
+                .filter_map(|c| PoolKey::of_claim(&c));
+            let of_pools = ctx
+                .ippools
+                .state()
+                .into_iter()
+                .filter(|p| p.meta().namespace == namespace && p.spec.cluster_name == name)
+                .filter_map(|p| {
+                    Some(PoolKey {
+                        kind: "IPPool".into(),
+                        namespace: p.meta().namespace.clone(),
+                        name: p.meta().name.clone()?,
+                    })
+                });
+            of_claims
+                .chain(of_pools)
+                .filter_map(|k| k.object_ref::<P>())
                 .collect::<Vec<_>>()
         });
     }

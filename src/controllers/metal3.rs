@@ -1,0 +1,282 @@
+//! The Metal3 IPAM dialect: an IPPool serving Metal3 IPClaims and CAPI IPAddressClaims from one
+//! address space (one ledger), with upstream's naming (`<namePrefix>-<address>`), finalizers,
+//! `status.indexes` and error messages. Claims are told apart by UID, so a Metal3 claim and a
+//! CAPI claim of the same name never collide.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, ObjectMeta};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::Context;
+use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::objects;
+use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
+use crate::alloc::{self, AddressSpace, Lease, Metal3Entry, Metal3Pool};
+use crate::api::capi::Cluster;
+use crate::api::metal3_ipam::{
+    ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPPool,
+    Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
+};
+use crate::api::{AllocationStrategy, labels};
+
+/// The allocation core's view of an IPPool spec.
+pub fn to_alloc(pool: &IPPool) -> Metal3Pool {
+    Metal3Pool {
+        entries: pool
+            .spec
+            .pools
+            .iter()
+            .map(|e| Metal3Entry {
+                start: e.start.clone(),
+                end: e.end.clone(),
+                subnet: e.subnet.clone(),
+                prefix: e.prefix.map(i64::from),
+                gateway: e.gateway.clone(),
+                dns_servers: e.dns_servers.clone(),
+            })
+            .collect(),
+        prefix: pool.spec.prefix.map(i64::from),
+        gateway: pool.spec.gateway.clone(),
+        dns_servers: pool.spec.dns_servers.clone(),
+        pre_allocations: pool.spec.pre_allocations.clone(),
+        strategy: match pool.spec.allocation_strategy {
+            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
+            _ => alloc::Strategy::Sequential,
+        },
+    }
+}
+
+/// Upstream's address object name: `<namePrefix>-<address with . and : as ->`, without
+/// trailing dashes (`p-fd00--1` for `fd00::1`).
+pub fn address_name(name_prefix: &str, address: IpAddr) -> String {
+    let text = address.to_string().replace(['.', ':'], "-");
+    format!("{name_prefix}-{text}")
+        .trim_end_matches('-')
+        .to_string()
+}
+
+/// An owner reference as upstream writes it on Metal3 IPAddresses: neither controller nor
+/// blocking deletion.
+fn plain_owner<K: Resource<DynamicType = ()>>(owner: &K) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        controller: None,
+        block_owner_deletion: None,
+        ..objects::owner_reference(owner, false)?
+    })
+}
+
+impl IPPool {
+    fn cluster(&self, ctx: &Context) -> Option<std::sync::Arc<Cluster>> {
+        let name = self
+            .spec
+            .cluster_name
+            .as_deref()
+            .filter(|n| !n.is_empty())?;
+        ctx.clusters
+            .as_ref()?
+            .get(&ObjectRef::new(name).within(&self.namespace().unwrap_or_default()))
+    }
+}
+
+impl PoolDialect for IPPool {
+    const FINALIZER: &'static str = POOL_FINALIZER;
+
+    fn key(&self) -> PoolKey {
+        PoolKey {
+            kind: "IPPool".into(),
+            namespace: self.namespace(),
+            name: self.name_any(),
+        }
+    }
+
+    fn api_for(&self, client: Client) -> Api<Self> {
+        Api::namespaced(client, &self.namespace().unwrap_or_default())
+    }
+
+    fn ledger_namespace(&self, _: &Context) -> String {
+        self.namespace().unwrap_or_default()
+    }
+
+    fn space(&self) -> Result<AddressSpace, String> {
+        AddressSpace::metal3(&to_alloc(self)).map_err(|e| e.to_string())
+    }
+
+    fn paused_by_cluster(&self, ctx: &Context) -> bool {
+        self.cluster(ctx)
+            .is_some_and(|c| c.spec.paused == Some(true) || objects::is_paused(c.meta()))
+    }
+
+    /// A pool that names its Cluster carries the cluster-name and provider labels and is owned
+    /// by the Cluster (so `clusterctl move` and deletion follow it), as upstream does.
+    fn metadata_patch(&self, ctx: &Context) -> Option<serde_json::Value> {
+        let cluster_name = self
+            .spec
+            .cluster_name
+            .as_deref()
+            .filter(|n| !n.is_empty())?;
+        let labels = self.labels();
+        let mut patch = serde_json::Map::new();
+        if labels.get(labels::CLUSTER_NAME).map(String::as_str) != Some(cluster_name)
+            || labels.get(labels::PROVIDER).map(String::as_str) != Some(PROVIDER_LABEL_VALUE)
+        {
+            patch.insert(
+                "labels".into(),
+                json!({ labels::CLUSTER_NAME: cluster_name, labels::PROVIDER: PROVIDER_LABEL_VALUE }),
+            );
+        }
+        if let Some(owner) = self.cluster(ctx).and_then(|c| plain_owner(&*c)) {
+            let mut owners = self.owner_references().to_vec();
+            if !owners.iter().any(|o| o.uid == owner.uid) {
+                owners.push(owner);
+                patch.insert("ownerReferences".into(), json!(owners));
+            }
+        }
+        (!patch.is_empty()).then(|| json!({ "metadata": patch }))
+    }
+
+    fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
+        let key = self.key();
+        let metal3 = ctx
+            .ipclaims
+            .state()
+            .into_iter()
+            .filter(|c| PoolKey::of_ipclaim(c).as_ref() == Some(&key))
+            .map(AnyClaim::Metal3);
+        let capi = ctx
+            .claims
+            .state()
+            .into_iter()
+            .filter(|c| PoolKey::of_claim(c).as_ref() == Some(&key))
+            .map(AnyClaim::Capi);
+        metal3.chain(capi).collect()
+    }
+
+    fn claim_finalizer(kind: ClaimKind) -> &'static str {
+        match kind {
+            ClaimKind::Metal3 => CLAIM_FINALIZER,
+            ClaimKind::Capi => CAPI_CLAIM_FINALIZER,
+        }
+    }
+
+    fn address_finalizer(kind: ClaimKind) -> &'static str {
+        match kind {
+            ClaimKind::Metal3 => ADDRESS_FINALIZER,
+            ClaimKind::Capi => CAPI_ADDRESS_FINALIZER,
+        }
+    }
+
+    fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
+        let key = self.key();
+        let (metal3, capi) = match fresh {
+            Some(fresh) => (fresh.metal3.clone(), fresh.capi.clone()),
+            None => (ctx.metal3_addresses.state(), ctx.addresses.state()),
+        };
+        let metal3 = metal3
+            .into_iter()
+            .filter(|a| PoolKey::of_metal3_address(a).as_ref() == Some(&key))
+            .map(AnyAddress::Metal3);
+        let capi = capi
+            .into_iter()
+            .filter(|a| PoolKey::of_address(a).as_ref() == Some(&key))
+            .map(AnyAddress::Capi);
+        metal3.chain(capi).collect()
+    }
+
+    fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Option<NewAddress> {
+        let name = address_name(&self.spec.name_prefix, lease.address);
+        let AnyClaim::Metal3(ipclaim) = claim else {
+            return super::capi::capi_address(self, claim, lease, name, CAPI_ADDRESS_FINALIZER);
+        };
+        let namespace = ipclaim.namespace()?;
+        let reference = |name: String| ObjectReference {
+            name: Some(name),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        };
+        Some(NewAddress::Metal3(Box::new(Metal3IPAddress {
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                finalizers: Some(vec![ADDRESS_FINALIZER.to_string()]),
+                labels: ipclaim.metadata.labels.clone(),
+                owner_references: Some(vec![plain_owner(self)?, plain_owner(&**ipclaim)?]),
+                ..Default::default()
+            },
+            spec: Metal3IPAddressSpec {
+                claim: reference(ipclaim.name_any()),
+                pool: reference(self.name_any()),
+                address: lease.address.to_string(),
+                prefix: Some(i32::from(lease.prefix)),
+                gateway: lease.gateway.map(|g| g.to_string()),
+                dns_servers: lease.dns_servers.iter().map(ToString::to_string).collect(),
+            },
+        })))
+    }
+
+    /// `status.indexes` (claim name → address) and `lastUpdated`, changed only when the
+    /// allocations change. A CAPI claim named like a Metal3 claim of the pool is listed as
+    /// `IPAddressClaim/<name>` instead of overwriting it (upstream keys by name alone).
+    fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
+        let metal3_names: std::collections::HashSet<&String> = report
+            .holders
+            .keys()
+            .filter(|(kind, _)| *kind == ClaimKind::Metal3)
+            .map(|(_, name)| name)
+            .collect();
+        let indexes: BTreeMap<String, String> = report
+            .holders
+            .iter()
+            .map(|((kind, name), ip)| {
+                let key = match kind {
+                    ClaimKind::Capi if metal3_names.contains(name) => {
+                        format!("IPAddressClaim/{name}")
+                    }
+                    _ => name.clone(),
+                };
+                (key, ip.to_string())
+            })
+            .collect();
+        let status = self.status.clone().unwrap_or_default();
+        if status.indexes == indexes && status.last_updated.is_some() {
+            return None;
+        }
+        // A merge patch merges maps: removed claims must be written as null.
+        let mut patch_indexes: serde_json::Map<String, serde_json::Value> = status
+            .indexes
+            .keys()
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        patch_indexes.extend(indexes.iter().map(|(k, v)| (k.clone(), json!(v))));
+        let last_updated = if status.indexes == indexes {
+            self.meta()
+                .creation_timestamp
+                .clone()
+                .unwrap_or_else(objects::now)
+        } else {
+            objects::now()
+        };
+        Some(json!({ "status": { "indexes": patch_indexes, "lastUpdated": last_updated } }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn address_names_follow_upstream() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("test address");
+        assert_eq!(
+            address_name("test1-prov", ip("192.168.0.13")),
+            "test1-prov-192-168-0-13"
+        );
+        assert_eq!(address_name("p", ip("fd00::1")), "p-fd00--1");
+        assert_eq!(address_name("p", ip("fd00::")), "p-fd00");
+    }
+}
