@@ -370,6 +370,23 @@ struct Selected {
     grace_wait: Option<Duration>,
 }
 
+/// Claims are served oldest first (names break ties between claims of the same second).
+fn age(
+    claim: &AnyClaim,
+) -> (
+    Option<k8s_openapi::jiff::Timestamp>,
+    ClaimKind,
+    String,
+    String,
+) {
+    (
+        claim.meta().creation_timestamp.as_ref().map(|t| t.0),
+        claim.kind(),
+        claim.namespace(),
+        claim.name(),
+    )
+}
+
 /// The pool's claims, oldest first, with finalizers added to new ones.
 async fn select_claims<P: PoolDialect>(
     pool: &P,
@@ -380,17 +397,7 @@ async fn select_claims<P: PoolDialect>(
     let grace = pool.reuse_grace().filter(|_| !deleting_pool);
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut claims = pool.claims(ctx);
-    claims.sort_by(|a, b| {
-        let key = |c: &AnyClaim| {
-            (
-                c.meta().creation_timestamp.as_ref().map(|t| t.0),
-                c.kind(),
-                c.namespace(),
-                c.name(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
+    claims.sort_by_key(age);
     let mut selected = Selected {
         live: Vec::new(),
         releasing: Vec::new(),
@@ -436,6 +443,8 @@ async fn select_claims<P: PoolDialect>(
             selected.live.push(claim);
         }
     }
+    // Oldest first: the finalizer patches above complete in any order.
+    selected.live.sort_by_key(age);
     Ok(selected)
 }
 

@@ -1,0 +1,591 @@
+//! The Metal3 IPAM dialect against a real API server: IPPool serving IPClaims (upstream's
+//! names, finalizers, status and error strings) and CAPI IPAddressClaims from one address
+//! space, with the upstream bugs fixed, driven by real `bitpool run` processes.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
+use bitpool::api::metal3_ipam::{
+    IPClaim, IPClaimSpec, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange,
+};
+use bitpool::controllers::WATCH_FILTER_LABEL;
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::{Client, ResourceExt};
+use support::{Bitpool, TestNamespace, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+struct Env {
+    client: Client,
+    ns: TestNamespace,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Option<Self> {
+        let client = support::client().await;
+        if !support::install_all_crds(&client).await {
+            return None;
+        }
+        let ns = TestNamespace::new(&client, prefix).await;
+        Some(Self { client, ns })
+    }
+
+    fn name(&self) -> &str {
+        &self.ns.name
+    }
+
+    fn meta(&self, name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(self.ns.name.clone()),
+            labels: Some(BTreeMap::from([(
+                WATCH_FILTER_LABEL.to_string(),
+                self.ns.name.clone(),
+            )])),
+            ..Default::default()
+        }
+    }
+
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.name())
+    }
+
+    async fn pool(&self, name: &str, spec: IPPoolSpec) {
+        let pool = IPPool {
+            metadata: self.meta(name),
+            spec,
+            status: None,
+        };
+        self.api::<IPPool>()
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("create IPPool");
+    }
+
+    fn ipclaim(&self, name: &str, pool: &str) -> IPClaim {
+        IPClaim {
+            metadata: self.meta(name),
+            spec: IPClaimSpec {
+                pool: ObjectReference {
+                    name: Some(pool.into()),
+                    namespace: Some(self.ns.name.clone()),
+                    ..Default::default()
+                },
+            },
+            status: None,
+        }
+    }
+
+    fn capi_claim(&self, name: &str, pool: &str) -> IPAddressClaim {
+        IPAddressClaim {
+            metadata: self.meta(name),
+            spec: IPAddressClaimSpec {
+                cluster_name: None,
+                pool_ref: IPPoolReference {
+                    name: pool.into(),
+                    kind: "IPPool".into(),
+                    api_group: "ipam.metal3.io".into(),
+                },
+            },
+            status: None,
+        }
+    }
+
+    async fn create_ipclaim(&self, claim: IPClaim) {
+        self.api::<IPClaim>()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create IPClaim");
+    }
+
+    async fn create_capi_claim(&self, claim: IPAddressClaim) {
+        self.api::<IPAddressClaim>()
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create IPAddressClaim");
+    }
+
+    /// Waits for the IPClaim's status to satisfy `check`.
+    async fn wait_ipclaim<T>(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&IPClaim) -> Option<T>,
+    ) -> T {
+        let api = self.api::<IPClaim>();
+        eventually(&format!("IPClaim {name}: {what}"), WAIT, || {
+            let api = api.clone();
+            let check = &check;
+            async move { check(&api.get_opt(name).await.ok()??) }
+        })
+        .await
+    }
+
+    /// The Metal3 IPAddress an IPClaim points at, once it has one.
+    async fn allocated(&self, claim: &str) -> Metal3IPAddress {
+        let name = self
+            .wait_ipclaim(claim, "an address", |c| {
+                c.status.as_ref()?.address.as_ref()?.name.clone()
+            })
+            .await;
+        self.api::<Metal3IPAddress>()
+            .get(&name)
+            .await
+            .expect("Metal3 IPAddress exists")
+    }
+
+    async fn error_of(&self, claim: &str, expected: &str) {
+        self.wait_ipclaim(claim, expected, |c| {
+            (c.status.as_ref()?.error_message.as_deref() == Some(expected)).then_some(())
+        })
+        .await
+    }
+
+    /// The CAPI IPAddress a claim's Ready condition points at.
+    async fn capi_allocated(&self, claim: &str) -> IPAddress {
+        let api = self.api::<IPAddressClaim>();
+        let name = eventually(&format!("IPAddressClaim {claim} Ready"), WAIT, || {
+            let api = api.clone();
+            async move {
+                let c = api.get_opt(claim).await.ok()??;
+                let status = c.status?;
+                status
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready" && c.status == "True")?;
+                Some(status.address_ref?.name)
+            }
+        })
+        .await;
+        self.api::<IPAddress>()
+            .get(&name)
+            .await
+            .expect("IPAddress exists")
+    }
+}
+
+fn range(start: &str, end: &str) -> Metal3PoolRange {
+    Metal3PoolRange {
+        start: Some(start.into()),
+        end: Some(end.into()),
+        ..Default::default()
+    }
+}
+
+fn pool_spec(ranges: Vec<Metal3PoolRange>) -> IPPoolSpec {
+    IPPoolSpec {
+        name_prefix: "test1-prov".into(),
+        pools: ranges,
+        prefix: Some(24),
+        gateway: Some("192.168.0.1".into()),
+        dns_servers: vec!["8.8.8.8".into()],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn ipclaims_get_addresses_as_upstream_makes_them() {
+    let Some(env) = Env::new("m3-upstream").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let mut ranges = vec![range("192.168.0.10", "192.168.0.20")];
+    ranges.push(Metal3PoolRange {
+        subnet: Some("192.168.1.0/24".into()),
+        prefix: Some(25),
+        gateway: Some("192.168.1.1".into()),
+        dns_servers: vec!["192.168.1.53".into()],
+        ..Default::default()
+    });
+    env.pool("pool", pool_spec(ranges)).await;
+    let mut claim = env.ipclaim("node-0-pool", "pool");
+    claim
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("cluster.x-k8s.io/cluster-name".into(), "test1".into());
+    env.create_ipclaim(claim).await;
+
+    let address = env.allocated("node-0-pool").await;
+    assert_eq!(address.name_any(), "test1-prov-192-168-0-10");
+    assert_eq!(address.spec.address, "192.168.0.10");
+    assert_eq!(
+        (address.spec.prefix, address.spec.gateway.as_deref()),
+        (Some(24), Some("192.168.0.1"))
+    );
+    assert_eq!(address.spec.dns_servers, ["8.8.8.8"]);
+    assert_eq!(address.spec.claim.name.as_deref(), Some("node-0-pool"));
+    assert_eq!(address.spec.pool.name.as_deref(), Some("pool"));
+    assert_eq!(address.finalizers(), ["ipaddress.ipam.metal3.io"]);
+    assert_eq!(
+        address
+            .labels()
+            .get("cluster.x-k8s.io/cluster-name")
+            .map(String::as_str),
+        Some("test1")
+    );
+    let owners: BTreeSet<&str> = address
+        .owner_references()
+        .iter()
+        .map(|o| o.kind.as_str())
+        .collect();
+    assert_eq!(owners, BTreeSet::from(["IPClaim", "IPPool"]));
+    let claim = env
+        .api::<IPClaim>()
+        .get("node-0-pool")
+        .await
+        .expect("claim");
+    assert_eq!(claim.finalizers(), ["ipclaim.ipam.metal3.io"]);
+    assert!(claim.status.expect("status").error_message.is_none());
+
+    let indexes = eventually("pool status.indexes", WAIT, || async {
+        let pool = env.api::<IPPool>().get("pool").await.ok()?;
+        let status = pool.status?;
+        (!status.indexes.is_empty() && status.last_updated.is_some()).then_some(status.indexes)
+    })
+    .await;
+    assert_eq!(
+        indexes,
+        BTreeMap::from([("node-0-pool".to_string(), "192.168.0.10".to_string())])
+    );
+    let pool = env.api::<IPPool>().get("pool").await.expect("pool");
+    assert_eq!(pool.finalizers(), ["ippool.ipam.metal3.io"]);
+
+    // The second entry's own prefix, gateway and DNS servers; its gateway is never handed out.
+    for i in 0..11 {
+        env.create_ipclaim(env.ipclaim(&format!("fill-{i}"), "pool"))
+            .await;
+    }
+    env.create_ipclaim(env.ipclaim("second-entry", "pool"))
+        .await;
+    let second = env.allocated("second-entry").await;
+    assert_eq!(
+        second.spec.address, "192.168.1.3",
+        "the fills took .11 to .20 and 192.168.1.2; 192.168.1.1 is the entry's gateway"
+    );
+    assert_eq!(
+        (second.spec.prefix, second.spec.gateway.as_deref()),
+        (Some(25), Some("192.168.1.1"))
+    );
+    assert_eq!(second.spec.dns_servers, ["192.168.1.53"]);
+
+    env.api::<IPClaim>()
+        .delete("node-0-pool", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("claim and address gone", WAIT, || async {
+        let claim = env.api::<IPClaim>().get_opt("node-0-pool").await.ok()?;
+        let address = env
+            .api::<Metal3IPAddress>()
+            .get_opt("test1-prov-192-168-0-10")
+            .await
+            .ok()?;
+        (claim.is_none() && address.is_none()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
+    let Some(env) = Env::new("m3-errors").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    env.pool(
+        "small",
+        pool_spec(vec![range("192.168.0.10", "192.168.0.11")]),
+    )
+    .await;
+    env.create_ipclaim(env.ipclaim("a", "small")).await;
+    env.allocated("a").await;
+    env.create_ipclaim(env.ipclaim("b", "small")).await;
+    env.allocated("b").await;
+    env.create_ipclaim(env.ipclaim("c", "small")).await;
+    env.error_of("c", "Exhausted IP Pools").await;
+    let mut taken = env.ipclaim("wants-taken", "small");
+    taken.metadata.annotations = Some(BTreeMap::from([(
+        "ipAddress".into(),
+        "192.168.0.10".into(),
+    )]));
+    env.create_ipclaim(taken).await;
+    env.error_of("wants-taken", "Requested IP not available")
+        .await;
+    let mut garbage = env.ipclaim("wants-garbage", "small");
+    garbage.metadata.annotations =
+        Some(BTreeMap::from([("ipAddress".into(), "192.168.0.x".into())]));
+    env.create_ipclaim(garbage).await;
+    env.error_of(
+        "wants-garbage",
+        "Invalid ipAddress annotation \"192.168.0.x\": not a valid IP address",
+    )
+    .await;
+
+    // Upstream never retries a claim in error (#1537); bitpool does, as soon as an address frees.
+    env.api::<IPClaim>()
+        .delete("b", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let c = env.allocated("c").await;
+    assert_eq!(c.spec.address, "192.168.0.11");
+    let c = env.api::<IPClaim>().get("c").await.expect("claim");
+    assert!(
+        c.status.expect("status").error_message.is_none(),
+        "the error is cleared"
+    );
+}
+
+#[tokio::test]
+async fn capi_claims_share_the_pool_and_same_names_do_not_collide() {
+    let Some(env) = Env::new("m3-capi").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    env.pool(
+        "provisioning-pool",
+        pool_spec(vec![range("192.168.0.10", "192.168.0.20")]),
+    )
+    .await;
+    // upstream's own example creates exactly this pair: an IPClaim and an IPAddressClaim with the
+    // same name on the same pool.
+    env.create_ipclaim(env.ipclaim("provisioning-pool", "provisioning-pool"))
+        .await;
+    env.create_capi_claim(env.capi_claim("provisioning-pool", "provisioning-pool"))
+        .await;
+    let mut foreign = env.capi_claim("foreign", "provisioning-pool");
+    foreign.spec.pool_ref.api_group = "ipam.example.com".into();
+    env.create_capi_claim(foreign).await;
+
+    let metal3 = env.allocated("provisioning-pool").await;
+    let capi = env.capi_allocated("provisioning-pool").await;
+    assert_ne!(
+        metal3.spec.address, capi.spec.address,
+        "one address space for both kinds"
+    );
+    assert_eq!(
+        capi.name_any(),
+        format!("test1-prov-{}", capi.spec.address.replace('.', "-"))
+    );
+    assert_eq!(capi.finalizers(), ["ipam.metal3.io/ipaddress"]);
+    assert_eq!(
+        (
+            capi.spec.pool_ref.api_group.as_str(),
+            capi.spec.pool_ref.kind.as_str()
+        ),
+        ("ipam.metal3.io", "IPPool")
+    );
+    assert_eq!(capi.spec.prefix, 24);
+    let claim = env
+        .api::<IPAddressClaim>()
+        .get("provisioning-pool")
+        .await
+        .expect("claim");
+    assert_eq!(claim.finalizers(), ["ipam.metal3.io/ipaddressclaim"]);
+    let ready = claim
+        .status
+        .expect("status")
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert!(
+        !ready.reason.is_empty(),
+        "upstream's condition has no reason and the v1beta2 CRD rejects it"
+    );
+
+    let indexes = eventually("both claims in status.indexes", WAIT, || async {
+        let status = env
+            .api::<IPPool>()
+            .get("provisioning-pool")
+            .await
+            .ok()?
+            .status?;
+        (status.indexes.len() == 2).then_some(status.indexes)
+    })
+    .await;
+    assert_eq!(indexes.get("provisioning-pool"), Some(&metal3.spec.address));
+    assert_eq!(
+        indexes.get("IPAddressClaim/provisioning-pool"),
+        Some(&capi.spec.address)
+    );
+    // The claim for another group's IPPool kind was left alone (upstream checks only the name).
+    let foreign = env
+        .api::<IPAddressClaim>()
+        .get("foreign")
+        .await
+        .expect("claim");
+    assert!(foreign.finalizers().is_empty() && foreign.status.is_none());
+}
+
+#[tokio::test]
+async fn preallocations_are_reserved_for_their_claims_of_either_kind() {
+    let Some(env) = Env::new("m3-prealloc").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let mut spec = pool_spec(vec![range("192.168.0.10", "192.168.0.13")]);
+    spec.pre_allocations = BTreeMap::from([
+        ("node-0-pool".to_string(), "192.168.0.10".to_string()),
+        ("capi-host".to_string(), "192.168.0.11".to_string()),
+    ]);
+    env.pool("pool", spec).await;
+    for i in 0..3 {
+        env.create_ipclaim(env.ipclaim(&format!("dynamic-{i}"), "pool"))
+            .await;
+    }
+    env.allocated("dynamic-0").await;
+    env.allocated("dynamic-1").await;
+    env.error_of("dynamic-2", "Exhausted IP Pools").await;
+    env.create_ipclaim(env.ipclaim("node-0-pool", "pool")).await;
+    env.create_capi_claim(env.capi_claim("capi-host", "pool"))
+        .await;
+    assert_eq!(
+        env.allocated("node-0-pool").await.spec.address,
+        "192.168.0.10"
+    );
+    assert_eq!(
+        env.capi_allocated("capi-host").await.spec.address,
+        "192.168.0.11"
+    );
+}
+
+/// Every address held in the test namespace, by objects of either kind.
+async fn holders(env: &Env) -> Option<Vec<String>> {
+    let metal3 = env
+        .api::<Metal3IPAddress>()
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items;
+    let capi = env
+        .api::<IPAddress>()
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items;
+    Some(
+        metal3
+            .into_iter()
+            .map(|a| a.spec.address)
+            .chain(capi.into_iter().map(|a| a.spec.address))
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
+    let Some(env) = Env::new("m3-race").await else {
+        return;
+    };
+    env.pool(
+        "tiny",
+        pool_spec(vec![range("192.168.0.10", "192.168.0.29")]),
+    )
+    .await;
+    let _first = Bitpool::start(env.name(), &[]);
+    let _second = Bitpool::start(env.name(), &[]);
+    let creations = (0..30).map(|i| {
+        let env = &env;
+        async move {
+            if i % 2 == 0 {
+                env.create_ipclaim(env.ipclaim(&format!("m3-{i}"), "tiny"))
+                    .await;
+            } else {
+                env.create_capi_claim(env.capi_claim(&format!("capi-{i}"), "tiny"))
+                    .await;
+            }
+        }
+    });
+    stream::iter(creations)
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+
+    // 20 addresses for 30 claims: 20 allocated, 10 exhausted, never an address twice.
+    let taken = eventually("20 addresses allocated", WAIT, || async {
+        let all = holders(&env).await?;
+        (all.len() == 20).then_some(all)
+    })
+    .await;
+    assert_eq!(
+        taken.iter().collect::<BTreeSet<_>>().len(),
+        20,
+        "an address was handed out twice: {taken:?}"
+    );
+    let exhausted = eventually("10 claims exhausted", WAIT, || async {
+        let claims = env
+            .api::<IPClaim>()
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items;
+        let capi = env
+            .api::<IPAddressClaim>()
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items;
+        let m3 = claims
+            .iter()
+            .filter(|c| {
+                c.status.as_ref().and_then(|s| s.error_message.as_deref())
+                    == Some("Exhausted IP Pools")
+            })
+            .count();
+        let capi = capi
+            .iter()
+            .filter(|c| {
+                c.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "PoolExhausted"))
+            })
+            .count();
+        (m3 + capi == 10).then_some(m3 + capi)
+    })
+    .await;
+    assert_eq!(exhausted, 10);
+
+    // Freed addresses go to waiting claims of either kind, still without a duplicate.
+    let metal3_claims = env
+        .api::<IPClaim>()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    let allocated: Vec<String> = metal3_claims
+        .iter()
+        .filter(|c| c.status.as_ref().is_some_and(|s| s.address.is_some()))
+        .map(|c| c.name_any())
+        .take(5)
+        .collect();
+    for name in &allocated {
+        env.api::<IPClaim>()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    let env = &env;
+    let allocated = &allocated;
+    let after = eventually("5 waiting claims served", WAIT, || async move {
+        let all = holders(env).await?;
+        for name in allocated {
+            if env.api::<IPClaim>().get_opt(name).await.ok()?.is_some() {
+                return None;
+            }
+        }
+        (all.len() == 20).then_some(all)
+    })
+    .await;
+    assert_eq!(
+        after.iter().collect::<BTreeSet<_>>().len(),
+        20,
+        "duplicate after release: {after:?}"
+    );
+}
