@@ -589,3 +589,165 @@ async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
         "duplicate after release: {after:?}"
     );
 }
+
+#[tokio::test]
+async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
+    let Some(env) = Env::new("m3-proxy").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    // The new CAPI pool, as `bitpool migrate` would write it (the host's old address pinned).
+    let target = bitpool::api::capi_pools::InClusterIPPool {
+        metadata: env.meta("new-pool"),
+        spec: bitpool::api::capi_pools::InClusterIPPoolSpec {
+            addresses: vec!["10.50.0.0/24".into()],
+            prefix: 24,
+            gateway: Some("10.50.0.1".into()),
+            pre_allocations: BTreeMap::from([("node-0-bmv4".into(), "10.50.0.77".into())]),
+            ..Default::default()
+        },
+        status: None,
+    };
+    env.api::<bitpool::api::capi_pools::InClusterIPPool>()
+        .create(&PostParams::default(), &target)
+        .await
+        .expect("create InClusterIPPool");
+    let mut proxy = pool_spec(vec![]);
+    proxy.name_prefix = "test1-bmv4".into();
+    proxy.dns_servers = vec!["10.50.0.53".into()];
+    proxy.pool_ref = Some(IPPoolReference {
+        api_group: "ipam.cluster.x-k8s.io".into(),
+        kind: "InClusterIPPool".into(),
+        name: "new-pool".into(),
+    });
+    env.pool("bmv4", proxy).await;
+    env.create_ipclaim(env.ipclaim("node-0-bmv4", "bmv4")).await;
+    env.create_ipclaim(env.ipclaim("node-1-bmv4", "bmv4")).await;
+
+    let pinned = env.allocated("node-0-bmv4").await;
+    assert_eq!(pinned.name_any(), "test1-bmv4-10-50-0-77");
+    assert_eq!(pinned.spec.address, "10.50.0.77");
+    assert_eq!(
+        (pinned.spec.prefix, pinned.spec.gateway.as_deref()),
+        (Some(24), Some("10.50.0.1"))
+    );
+    assert_eq!(pinned.spec.dns_servers, ["10.50.0.53"]);
+    assert_eq!(env.allocated("node-1-bmv4").await.spec.address, "10.50.0.2");
+    let proxy_claim = env
+        .api::<IPAddressClaim>()
+        .get("node-0-bmv4")
+        .await
+        .expect("proxy claim");
+    assert_eq!(proxy_claim.spec.pool_ref.kind, "InClusterIPPool");
+    assert_eq!(proxy_claim.owner_references()[0].kind, "IPClaim");
+
+    env.api::<IPClaim>()
+        .delete("node-1-bmv4", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(
+        "the IPClaim, its mirror, its proxy claim and its IPAddress gone",
+        WAIT,
+        || async {
+            let gone = [
+                env.api::<IPClaim>()
+                    .get_opt("node-1-bmv4")
+                    .await
+                    .ok()?
+                    .is_none(),
+                env.api::<Metal3IPAddress>()
+                    .get_opt("test1-bmv4-10-50-0-2")
+                    .await
+                    .ok()?
+                    .is_none(),
+                env.api::<IPAddressClaim>()
+                    .get_opt("node-1-bmv4")
+                    .await
+                    .ok()?
+                    .is_none(),
+                env.api::<IPAddress>()
+                    .get_opt("node-1-bmv4")
+                    .await
+                    .ok()?
+                    .is_none(),
+            ];
+            gone.iter().all(|g| *g).then_some(())
+        },
+    )
+    .await;
+    let indexes = eventually("the pool lists the remaining claim", WAIT, || async {
+        let status = env.api::<IPPool>().get("bmv4").await.ok()?.status?;
+        (status.indexes.len() == 1).then_some(status.indexes)
+    })
+    .await;
+    assert_eq!(
+        indexes.get("node-0-bmv4").map(String::as_str),
+        Some("10.50.0.77")
+    );
+}
+
+#[tokio::test]
+async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
+    let Some(env) = Env::new("m3-cluster").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let clusters: Api<bitpool::api::capi::Cluster> = env.api();
+    let cluster = bitpool::api::capi::Cluster {
+        metadata: ObjectMeta {
+            name: Some("test1".into()),
+            namespace: Some(env.name().into()),
+            ..Default::default()
+        },
+        spec: bitpool::api::capi::ClusterSpec { paused: Some(true) },
+    };
+    let cluster = clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("cluster");
+    let mut spec = pool_spec(vec![range("192.168.0.10", "192.168.0.20")]);
+    spec.cluster_name = Some("test1".into());
+    env.pool("clustered", spec).await;
+    env.pool(
+        "control",
+        pool_spec(vec![range("192.168.5.10", "192.168.5.20")]),
+    )
+    .await;
+    env.create_ipclaim(env.ipclaim("held", "clustered")).await;
+    env.create_ipclaim(env.ipclaim("control", "control")).await;
+    env.allocated("control").await;
+    let held = env.api::<IPClaim>().get("held").await.expect("claim");
+    assert!(
+        held.status.is_none() && held.finalizers().is_empty(),
+        "served while its Cluster is paused"
+    );
+
+    clusters
+        .patch(
+            "test1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+    assert_eq!(env.allocated("held").await.spec.address, "192.168.0.10");
+    let pool = env.api::<IPPool>().get("clustered").await.expect("pool");
+    assert_eq!(
+        pool.labels()
+            .get("cluster.x-k8s.io/cluster-name")
+            .map(String::as_str),
+        Some("test1")
+    );
+    assert_eq!(
+        pool.labels()
+            .get("cluster.x-k8s.io/provider")
+            .map(String::as_str),
+        Some("ipam-metal3")
+    );
+    let owner = pool
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Cluster")
+        .expect("owned by the Cluster");
+    assert_eq!(Some(&owner.uid), cluster.metadata.uid.as_ref());
+}

@@ -76,6 +76,11 @@ pub struct IPPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "allocation_strategy_with_default")]
     pub allocation_strategy: Option<AllocationStrategy>,
+    /// bitpool extension, for migration: serve this pool's IPClaims from a CAPI pool instead
+    /// (bitpool's InClusterIPPool or any other provider's), through IPAddressClaims named like
+    /// the IPClaims, mirroring each IPAddress back as the Metal3 IPAddress consumers read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_ref: Option<super::capi::IPPoolReference>,
 }
 
 fn allocation_strategy_with_default(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {

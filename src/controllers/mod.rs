@@ -4,6 +4,7 @@
 //! - [`pool`]: the pool engine, one batch per pool, whatever its dialect;
 //! - [`capi`]: its InClusterIPPool / GlobalInClusterIPPool dialect;
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
+//! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
 //! - [`claims`]: claims whose pool does not exist;
 //! - [`ledger`] and [`intent`]: the per-pool record that makes the API server the judge of every
 //!   allocation, and the pure transaction applied to it;
@@ -18,6 +19,7 @@ pub mod ledger;
 pub mod metal3;
 pub mod objects;
 pub mod pool;
+pub mod proxy;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -350,7 +352,7 @@ pub async fn run(
     };
     let metal3 = async {
         if let Some(c) = metal3 {
-            drive(c.run(pool::reconcile::<IPPool>, error_policy, ctx.clone())).await;
+            drive(c.run(proxy::reconcile, error_policy, ctx.clone())).await;
         }
     };
     let orphan_claims = async {
@@ -385,6 +387,20 @@ async fn drive<K: Resource>(
         .await;
 }
 
+/// The Metal3 IPPool a proxy claim works for: the pool of the IPClaim that owns it.
+fn proxied_for(ctx: &Context, claim: &IPAddressClaim) -> Option<PoolKey> {
+    let owner = claim
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "IPClaim")?;
+    let ipclaim = ctx
+        .ipclaims
+        .get(&ObjectRef::new(&owner.name).within(claim.meta().namespace.as_deref()?))?;
+    PoolKey::of_ipclaim(&ipclaim)
+}
+
 /// A controller for one pool kind, triggered by its pools, the claims and address objects of
 /// either API that name a pool of that kind, and the Clusters of those claims and pools (for
 /// pause and unpause).
@@ -397,12 +413,27 @@ where
     P: PoolDialect,
     ObjectRef<P>: Hash + Eq,
 {
+    let (for_claims, for_addresses) = (ctx.clone(), ctx.clone());
     let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
-        .watches_shared_stream(caches.claims.subscribe()?, |claim| {
-            PoolKey::of_claim(&claim).and_then(|k| k.object_ref::<P>())
+        .watches_shared_stream(caches.claims.subscribe()?, move |claim| {
+            let proxied_for = proxied_for(&for_claims, &claim);
+            PoolKey::of_claim(&claim)
+                .into_iter()
+                .chain(proxied_for)
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
         })
-        .watches_shared_stream(caches.addresses.subscribe()?, |address| {
-            PoolKey::of_address(&address).and_then(|k| k.object_ref::<P>())
+        .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
+            let claim = address.meta().namespace.as_ref().and_then(|ns| {
+                for_addresses
+                    .claims
+                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))
+            });
+            PoolKey::of_address(&address)
+                .into_iter()
+                .chain(claim.and_then(|c| proxied_for(&for_addresses, &c)))
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
         })
         .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
             PoolKey::of_ipclaim(&claim).and_then(|k| k.object_ref::<P>())
