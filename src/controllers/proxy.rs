@@ -39,7 +39,7 @@ pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, E
 enum Proxied {
     Pending,
     Failed(String),
-    Allocated(IPAddress),
+    Allocated(Box<IPAddress>),
 }
 
 async fn proxied(ctx: &Context, claim: &IPAddressClaim) -> Result<Proxied, Error> {
@@ -53,7 +53,7 @@ async fn proxied(ctx: &Context, claim: &IPAddressClaim) -> Result<Proxied, Error
             let api: Api<IPAddress> =
                 Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
             match api.get_opt(&address.name).await.map_err(Error::Kube)? {
-                Some(a) => Ok(Proxied::Allocated(a)),
+                Some(a) => Ok(Proxied::Allocated(Box::new(a))),
                 None => Ok(Proxied::Pending),
             }
         }
