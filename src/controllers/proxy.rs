@@ -180,11 +180,11 @@ async fn reconcile_proxy(
                 continue;
             }
             // Release: the mirror first, then the proxy claim (which releases the address).
-            if let Some(address) = mirrors.get(&name) {
-                if !address.delete(&ctx, ADDRESS_FINALIZER).await? {
-                    requeue = Some(Duration::from_secs(1));
-                    continue;
-                }
+            if let Some(address) = mirrors.get(&name)
+                && !address.delete(&ctx, ADDRESS_FINALIZER).await?
+            {
+                requeue = Some(Duration::from_secs(1));
+                continue;
             }
             if let Some(proxy) = existing.filter(|c| owned_by(c, &ipclaim)) {
                 if proxy.meta().deletion_timestamp.is_none() {
