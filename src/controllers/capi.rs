@@ -212,39 +212,15 @@ macro_rules! capi_dialect {
 impl PoolDialect for InClusterIPPool {
     capi_dialect!();
 
-    fn key(&self) -> PoolKey {
-        PoolKey {
-            kind: "InClusterIPPool".into(),
-            namespace: self.namespace(),
-            name: self.name_any(),
-        }
-    }
-
     fn api_for(&self, client: Client) -> Api<Self> {
         Api::namespaced(client, &self.namespace().unwrap_or_default())
-    }
-
-    fn ledger_namespace(&self, _: &Context) -> String {
-        self.namespace().unwrap_or_default()
     }
 }
 
 impl PoolDialect for GlobalInClusterIPPool {
     capi_dialect!();
 
-    fn key(&self) -> PoolKey {
-        PoolKey {
-            kind: "GlobalInClusterIPPool".into(),
-            namespace: None,
-            name: self.name_any(),
-        }
-    }
-
     fn api_for(&self, client: Client) -> Api<Self> {
         Api::all(client)
-    }
-
-    fn ledger_namespace(&self, ctx: &Context) -> String {
-        ctx.settings.ledger_namespace.clone()
     }
 }

@@ -20,8 +20,8 @@ use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease, Metal3Entry, Metal3Pool};
 use crate::api::capi::Cluster;
 use crate::api::metal3_ipam::{
-    ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPPool,
-    Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
+    ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPClaim,
+    IPPool, Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
 };
 use crate::api::{AllocationStrategy, labels};
 
@@ -87,20 +87,8 @@ impl IPPool {
 impl PoolDialect for IPPool {
     const FINALIZER: &'static str = POOL_FINALIZER;
 
-    fn key(&self) -> PoolKey {
-        PoolKey {
-            kind: "IPPool".into(),
-            namespace: self.namespace(),
-            name: self.name_any(),
-        }
-    }
-
     fn api_for(&self, client: Client) -> Api<Self> {
         Api::namespaced(client, &self.namespace().unwrap_or_default())
-    }
-
-    fn ledger_namespace(&self, _: &Context) -> String {
-        self.namespace().unwrap_or_default()
     }
 
     fn space(&self) -> Result<AddressSpace, String> {
@@ -189,34 +177,23 @@ impl PoolDialect for IPPool {
     }
 
     fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Option<NewAddress> {
-        let name = address_name(&self.spec.name_prefix, lease.address);
-        let AnyClaim::Metal3(ipclaim) = claim else {
-            return super::capi::capi_address(self, claim, lease, name, CAPI_ADDRESS_FINALIZER);
-        };
-        let namespace = ipclaim.namespace()?;
-        let reference = |name: String| ObjectReference {
-            name: Some(name),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
-        };
-        Some(NewAddress::Metal3(Box::new(Metal3IPAddress {
-            metadata: ObjectMeta {
-                name: Some(name),
-                namespace: Some(namespace.clone()),
-                finalizers: Some(vec![ADDRESS_FINALIZER.to_string()]),
-                labels: ipclaim.metadata.labels.clone(),
-                owner_references: Some(vec![plain_owner(self)?, plain_owner(&**ipclaim)?]),
-                ..Default::default()
-            },
-            spec: Metal3IPAddressSpec {
-                claim: reference(ipclaim.name_any()),
-                pool: reference(self.name_any()),
-                address: lease.address.to_string(),
-                prefix: Some(i32::from(lease.prefix)),
-                gateway: lease.gateway.map(|g| g.to_string()),
-                dns_servers: lease.dns_servers.iter().map(ToString::to_string).collect(),
-            },
-        })))
+        match claim {
+            AnyClaim::Metal3(ipclaim) => metal3_address(
+                self,
+                ipclaim,
+                lease.address,
+                i32::from(lease.prefix),
+                lease.gateway.map(|g| g.to_string()),
+                lease.dns_servers.iter().map(ToString::to_string).collect(),
+            ),
+            AnyClaim::Capi(_) => super::capi::capi_address(
+                self,
+                claim,
+                lease,
+                address_name(&self.spec.name_prefix, lease.address),
+                CAPI_ADDRESS_FINALIZER,
+            ),
+        }
     }
 
     /// `status.indexes` (claim name → address) and `lastUpdated`, changed only when the
@@ -246,13 +223,7 @@ impl PoolDialect for IPPool {
         if status.indexes == indexes && status.last_updated.is_some() {
             return None;
         }
-        // A merge patch merges maps: removed claims must be written as null.
-        let mut patch_indexes: serde_json::Map<String, serde_json::Value> = status
-            .indexes
-            .keys()
-            .map(|k| (k.clone(), serde_json::Value::Null))
-            .collect();
-        patch_indexes.extend(indexes.iter().map(|(k, v)| (k.clone(), json!(v))));
+        // First write of an unchanged (empty) index: lastUpdated starts at the pool's creation.
         let last_updated = if status.indexes == indexes {
             self.meta()
                 .creation_timestamp
@@ -261,8 +232,59 @@ impl PoolDialect for IPPool {
         } else {
             objects::now()
         };
-        Some(json!({ "status": { "indexes": patch_indexes, "lastUpdated": last_updated } }))
+        Some(indexes_patch(&status.indexes, &indexes, last_updated))
     }
+}
+
+/// The status patch that makes `status.indexes` equal `next`. A merge patch merges maps, so
+/// claims no longer listed are written as null.
+pub(super) fn indexes_patch(
+    current: &BTreeMap<String, String>,
+    next: &BTreeMap<String, String>,
+    last_updated: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> serde_json::Value {
+    let mut indexes: serde_json::Map<String, serde_json::Value> = current
+        .keys()
+        .map(|k| (k.clone(), serde_json::Value::Null))
+        .collect();
+    indexes.extend(next.iter().map(|(k, v)| (k.clone(), json!(v))));
+    json!({ "status": { "indexes": indexes, "lastUpdated": last_updated } })
+}
+
+/// A Metal3 IPAddress for `ipclaim` from `pool`, as upstream writes it: named
+/// `<namePrefix>-<address>`, labels copied from the claim, owned by pool and claim.
+pub(super) fn metal3_address(
+    pool: &IPPool,
+    ipclaim: &IPClaim,
+    address: IpAddr,
+    prefix: i32,
+    gateway: Option<String>,
+    dns_servers: Vec<String>,
+) -> Option<NewAddress> {
+    let namespace = ipclaim.namespace()?;
+    let reference = |name: String| ObjectReference {
+        name: Some(name),
+        namespace: Some(namespace.clone()),
+        ..Default::default()
+    };
+    Some(NewAddress::Metal3(Box::new(Metal3IPAddress {
+        metadata: ObjectMeta {
+            name: Some(address_name(&pool.spec.name_prefix, address)),
+            namespace: Some(namespace.clone()),
+            finalizers: Some(vec![ADDRESS_FINALIZER.to_string()]),
+            labels: ipclaim.metadata.labels.clone(),
+            owner_references: Some(vec![plain_owner(pool)?, plain_owner(ipclaim)?]),
+            ..Default::default()
+        },
+        spec: Metal3IPAddressSpec {
+            claim: reference(ipclaim.name_any()),
+            pool: reference(pool.name_any()),
+            address: address.to_string(),
+            prefix: Some(prefix),
+            gateway,
+            dns_servers,
+        },
+    })))
 }
 
 #[cfg(test)]

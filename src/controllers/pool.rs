@@ -166,11 +166,21 @@ pub trait PoolDialect:
 {
     const FINALIZER: &'static str;
 
-    fn key(&self) -> PoolKey;
+    fn key(&self) -> PoolKey {
+        PoolKey {
+            kind: Self::kind(&()).to_string(),
+            namespace: self.namespace(),
+            name: self.name_any(),
+        }
+    }
     /// An API through which this very object is read and patched.
     fn api_for(&self, client: Client) -> Api<Self>;
-    /// Where the pool's ledger lives.
-    fn ledger_namespace(&self, ctx: &Context) -> String;
+    /// Where the pool's ledger lives: beside a namespaced pool, in the ledger namespace for a
+    /// cluster-scoped one.
+    fn ledger_namespace(&self, ctx: &Context) -> String {
+        self.namespace()
+            .unwrap_or_else(|| ctx.settings.ledger_namespace.clone())
+    }
     /// The pool's address space, or why its spec is invalid.
     fn space(&self) -> Result<AddressSpace, String>;
     /// How long a released address stays reserved.

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -19,13 +18,11 @@ use serde_json::json;
 use super::Context;
 use super::error::Error;
 use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
-use super::metal3::address_name;
+use super::metal3::{indexes_patch, metal3_address};
 use super::objects::{self, FinalizerPatch};
 use super::pool::{self, PoolDialect, PoolKey};
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
-use crate::api::metal3_ipam::{
-    ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool, Metal3IPAddress, Metal3IPAddressSpec,
-};
+use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
 
 /// The IPPool controller's reconcile: the pool engine, or the proxy when the pool names a CAPI pool.
 pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -96,42 +93,14 @@ fn proxy_claim(
 /// The Metal3 IPAddress mirroring `address` for `ipclaim`. DNS servers come from the Metal3
 /// pool (the CAPI contract carries none).
 fn mirror(pool: &IPPool, ipclaim: &IPClaim, address: &IPAddress) -> Option<NewAddress> {
-    let ip: std::net::IpAddr = address.spec.address.parse().ok()?;
-    let namespace = ipclaim.namespace()?;
-    let reference = |name: String| ObjectReference {
-        name: Some(name),
-        namespace: Some(namespace.clone()),
-        ..Default::default()
-    };
-    // Owned as upstream owns Metal3 IPAddresses: by pool and claim, neither as controller.
-    let owner = |r: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
-        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-            controller: None,
-            block_owner_deletion: None,
-            ..r
-        }
-    };
-    Some(NewAddress::Metal3(Box::new(Metal3IPAddress {
-        metadata: ObjectMeta {
-            name: Some(address_name(&pool.spec.name_prefix, ip)),
-            namespace: Some(namespace.clone()),
-            finalizers: Some(vec![ADDRESS_FINALIZER.to_string()]),
-            labels: ipclaim.metadata.labels.clone(),
-            owner_references: Some(vec![
-                owner(objects::owner_reference(pool, false)?),
-                owner(objects::owner_reference(ipclaim, false)?),
-            ]),
-            ..Default::default()
-        },
-        spec: Metal3IPAddressSpec {
-            claim: reference(ipclaim.name_any()),
-            pool: reference(pool.name_any()),
-            address: address.spec.address.clone(),
-            prefix: Some(address.spec.prefix),
-            gateway: address.spec.gateway.clone(),
-            dns_servers: pool.spec.dns_servers.clone(),
-        },
-    })))
+    metal3_address(
+        pool,
+        ipclaim,
+        address.spec.address.parse().ok()?,
+        address.spec.prefix,
+        address.spec.gateway.clone(),
+        pool.spec.dns_servers.clone(),
+    )
 }
 
 async fn reconcile_proxy(
@@ -261,14 +230,7 @@ async fn reconcile_proxy(
     }
     let status = pool.status.clone().unwrap_or_default();
     if status.indexes != indexes {
-        let mut patch_indexes: serde_json::Map<String, serde_json::Value> = status
-            .indexes
-            .keys()
-            .map(|k| (k.clone(), serde_json::Value::Null))
-            .collect();
-        patch_indexes.extend(indexes.iter().map(|(k, v)| (k.clone(), json!(v))));
-        let patch =
-            json!({ "status": { "indexes": patch_indexes, "lastUpdated": objects::now() } });
+        let patch = indexes_patch(&status.indexes, &indexes, objects::now());
         pools
             .patch_status(
                 &pool.name_any(),
