@@ -262,6 +262,7 @@ fn error_kind(e: &AllocError) -> &'static str {
         AllocError::ConflictsWithPreAllocation { .. } => "conflict",
         AllocError::PreAllocatedInUse { .. } => "pre-in-use",
         AllocError::RequestedUnparseable { .. } => "unparseable",
+        AllocError::PreAllocationOutOfBounds { .. } => "pre-outside",
     }
 }
 

@@ -581,6 +581,29 @@ fn metal3_entries_override_prefix_gateway_and_dns() {
 }
 
 #[test]
+fn a_metal3_preallocation_outside_the_pool_refuses_only_its_claim() {
+    let pool = Metal3Pool {
+        entries: vec![entry(Some("10.0.0.10"), Some("10.0.0.11"), None)],
+        pre_allocations: BTreeMap::from([("lost".to_string(), "10.0.9.9".to_string())]),
+        ..Default::default()
+    };
+    let mut space = AddressSpace::metal3(&pool).expect("the pool still works");
+    assert_eq!(
+        space.allocate("lost", None, &mut rng()),
+        Err(AllocError::PreAllocationOutOfBounds {
+            address: ip("10.0.9.9")
+        })
+    );
+    assert_eq!(
+        space
+            .allocate("other", None, &mut rng())
+            .expect("free")
+            .address,
+        ip("10.0.0.10")
+    );
+}
+
+#[test]
 fn metal3_spec_errors() {
     let cases = [
         (

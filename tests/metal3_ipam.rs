@@ -299,11 +299,11 @@ async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
         return;
     };
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool(
-        "small",
-        pool_spec(vec![range("192.168.0.10", "192.168.0.11")]),
-    )
-    .await;
+    let mut small = pool_spec(vec![range("192.168.0.10", "192.168.0.11")]);
+    small.pre_allocations = BTreeMap::from([("lost".to_string(), "192.168.9.9".to_string())]);
+    env.pool("small", small).await;
+    env.create_ipclaim(env.ipclaim("lost", "small")).await;
+    env.error_of("lost", "Pre-allocated IP out of bounds").await;
     env.create_ipclaim(env.ipclaim("a", "small")).await;
     env.allocated("a").await;
     env.create_ipclaim(env.ipclaim("b", "small")).await;

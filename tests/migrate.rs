@@ -185,3 +185,63 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
         "every claim got the address it had before the migration"
     );
 }
+
+/// `--from-file`: the same planning from YAML (here, an IPPool and an IPAddress as `kubectl get
+/// -o yaml` would list them), with no cluster at all.
+#[test]
+fn migrate_reads_yaml_files_and_checks_without_a_cluster() {
+    let dir = support::root().join("target/test-logs");
+    std::fs::create_dir_all(&dir).expect("target/test-logs");
+    let input = dir.join("migrate-input.yaml");
+    std::fs::write(
+        &input,
+        r#"apiVersion: ipam.metal3.io/v1alpha1
+kind: IPPool
+metadata: {name: pool0, namespace: metal3}
+spec:
+  namePrefix: test1-pool0
+  pools: [{start: 192.168.0.10, end: 192.168.0.20}]
+  prefix: 24
+  gateway: 192.168.0.1
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ignored}
+---
+apiVersion: ipam.metal3.io/v1alpha1
+kind: IPAddress
+metadata: {name: test1-pool0-192-168-0-15, namespace: metal3}
+spec:
+  address: 192.168.0.15
+  pool: {name: pool0, namespace: metal3}
+  claim: {name: node-3-pool0, namespace: metal3}
+"#,
+    )
+    .expect("write input");
+    let path = input.to_string_lossy().to_string();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("run bitpool")
+    };
+    let check = run(&["migrate", "--from-file", &path, "--check"]);
+    let report = String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{report}");
+    assert!(
+        report.contains("IPPool metal3/pool0: 1 allocation(s), every address kept"),
+        "{report}"
+    );
+    let printed = run(&["migrate", "--from-file", &path]);
+    let yaml = String::from_utf8_lossy(&printed.stdout);
+    assert!(
+        yaml.contains("node-3-pool0: \"192.168.0.15\"") && yaml.contains("name: pool0"),
+        "{yaml}"
+    );
+    let missing = run(&["migrate", "--from-file", "/nonexistent/file.yaml"]);
+    assert!(!missing.status.success());
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains("cannot read /nonexistent/file.yaml")
+    );
+}

@@ -60,6 +60,8 @@ pub enum AllocError {
     },
     #[error("preallocated address {address} is already in use")]
     PreAllocatedInUse { address: IpAddr },
+    #[error("preallocated address {address} is not in the pool")]
+    PreAllocationOutOfBounds { address: IpAddr },
 }
 
 impl AllocError {

@@ -99,6 +99,18 @@ pub struct Layout {
     pub params: Vec<LeaseParams>,
     /// Claim name → address, each inside a segment.
     pub pre_allocations: BTreeMap<String, u128>,
+    /// Claim name → a preallocated address outside every segment (Metal3 pools only: upstream
+    /// reports it on the claim, "Pre-allocated IP out of bounds", instead of refusing the pool).
+    pub pre_allocations_outside: BTreeMap<String, u128>,
+}
+
+/// What a preallocation outside the pool does.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outside {
+    /// The spec is invalid.
+    Refuse,
+    /// The claim it names is refused; the rest of the pool works.
+    KeepForClaim,
 }
 
 /// Sorted, merged inclusive ranges.
@@ -209,18 +221,28 @@ fn prefix(value: i64, family: Family) -> Result<u8, SpecError> {
         })
 }
 
-/// Validates preallocations: parseable, of the pool's family, inside a segment, one claim each.
+/// Preallocations inside the pool, and (with [`Outside::KeepForClaim`]) those outside it.
+type PreAllocations = (BTreeMap<String, u128>, BTreeMap<String, u128>);
+
+/// Validates preallocations: parseable, of the pool's family, one claim each, and inside a
+/// segment (or, per `outside`, set apart for their claim).
 fn pre_allocations(
     texts: &BTreeMap<String, String>,
     families: &mut FamilyCheck,
     segments: &[Segment],
-) -> Result<BTreeMap<String, u128>, SpecError> {
+    outside: Outside,
+) -> Result<PreAllocations, SpecError> {
     let mut holders: BTreeMap<u128, &str> = BTreeMap::new();
     let mut out = BTreeMap::new();
+    let mut out_of_bounds = BTreeMap::new();
     for (claim, text) in texts {
         let parsed = address(&format!("preAllocations[{claim}]"), text, families)?;
         let value = family::to_value(parsed);
         if !segments.iter().any(|s| s.first <= value && value <= s.last) {
+            if outside == Outside::KeepForClaim {
+                out_of_bounds.insert(claim.clone(), value);
+                continue;
+            }
             return Err(SpecError::PreAllocationOutsidePool {
                 claim: claim.clone(),
                 address: parsed,
@@ -235,7 +257,7 @@ fn pre_allocations(
         }
         out.insert(claim.clone(), value);
     }
-    Ok(out)
+    Ok((out, out_of_bounds))
 }
 
 impl CapiPool {
@@ -289,7 +311,12 @@ impl CapiPool {
                 params: 0,
             })
             .collect();
-        let pre_allocations = pre_allocations(&self.pre_allocations, &mut families, &segments)?;
+        let (pre_allocations, pre_allocations_outside) = pre_allocations(
+            &self.pre_allocations,
+            &mut families,
+            &segments,
+            Outside::Refuse,
+        )?;
         Ok(Layout {
             family,
             order: Order::Address,
@@ -301,6 +328,7 @@ impl CapiPool {
                 dns_servers,
             }],
             pre_allocations,
+            pre_allocations_outside,
         })
     }
 }
@@ -411,7 +439,12 @@ impl Metal3Pool {
         if segments.is_empty() {
             return Err(SpecError::NoAddresses);
         }
-        let pre_allocations = pre_allocations(&self.pre_allocations, &mut families, &segments)?;
+        let (pre_allocations, pre_allocations_outside) = pre_allocations(
+            &self.pre_allocations,
+            &mut families,
+            &segments,
+            Outside::KeepForClaim,
+        )?;
         Ok(Layout {
             family,
             order: Order::Declaration,
@@ -419,6 +452,7 @@ impl Metal3Pool {
             segments,
             params,
             pre_allocations,
+            pre_allocations_outside,
         })
     }
 }

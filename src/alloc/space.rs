@@ -201,6 +201,11 @@ impl AddressSpace {
     ) -> Result<Lease, AllocError> {
         let preallocated = self.layout.pre_allocations.get(claim).copied();
         let family = self.layout.family;
+        if let Some(outside) = self.layout.pre_allocations_outside.get(claim) {
+            return Err(AllocError::PreAllocationOutOfBounds {
+                address: family.address(*outside),
+            });
+        }
         let value = match (requested, preallocated) {
             (Some(text), _) => {
                 let address = family::parse_address(text).ok_or_else(|| {

@@ -267,6 +267,7 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             | AllocError::RequestedInUse { .. }
             | AllocError::RequestedPreallocated { .. } => "Requested IP not available".into(),
             AllocError::PreAllocatedInUse { .. } => "Pre-allocated IP not available".into(),
+            AllocError::PreAllocationOutOfBounds { .. } => "Pre-allocated IP out of bounds".into(),
         },
         Outcome::Failed(_) => "Failed to create associated IPAddress object".into(),
     })

@@ -46,6 +46,8 @@ const LEDGER_ATTEMPTS: usize = 8;
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Periodic re-check of every pool, as a safety net for missed events.
 const RESYNC: Duration = Duration::from_secs(600);
+/// Re-check of a pool whose claims wait for a free address.
+const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
 
 /// Which pool a claim or an address object belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -749,6 +751,20 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
     }
 
     let mut next = RESYNC;
+    // Claims refused for exhaustion in the first transaction get the addresses freed in the
+    // second one at once, instead of waiting for another event to trigger a reconcile.
+    let exhausted = outcomes
+        .values()
+        .any(|o| matches!(o, Err(Refusal::Alloc(alloc::AllocError::Exhausted))));
+    let freed = !second.release.is_empty()
+        || !second.release_claims.is_empty()
+        || !second.release_unbound.is_empty();
+    if exhausted && freed {
+        next = Duration::from_millis(100);
+    } else if exhausted {
+        // A release normally triggers a reconcile by its events; this is the safety net.
+        next = next.min(EXHAUSTED_RECHECK);
+    }
     if let Some(wait) = claims.grace_wait {
         next = next.min(wait);
     }
