@@ -22,7 +22,7 @@ fn a_missing_prerequisite_is_named() {
     assert!(
         stderr.contains("missing prerequisites:")
             && stderr.contains("etcd-server")
-            && stderr.contains("golang-1.19-go"),
+            && stderr.contains("openssl"),
         "{stderr}"
     );
     assert!(stderr.contains("no apt-get to install them"), "{stderr}");
