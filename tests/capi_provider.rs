@@ -17,43 +17,32 @@ use bitpool::controllers::WATCH_FILTER_LABEL;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
-use support::{Bitpool, TestNamespace, eventually};
+use support::{Bitpool, Env, TestNamespace, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-struct Env {
-    client: Client,
-    ns: TestNamespace,
+/// CAPI helpers on the shared test environment.
+trait CapiEnv {
+    fn pools(&self) -> Api<InClusterIPPool>;
+    fn claims(&self) -> Api<IPAddressClaim>;
+    fn addresses(&self) -> Api<IPAddress>;
+    async fn pool(&self, name: &str, spec: InClusterIPPoolSpec) -> InClusterIPPool;
+    fn claim_object(&self, name: &str, kind: &str, pool: &str) -> IPAddressClaim;
+    async fn claim(&self, name: &str, pool: &str) -> IPAddressClaim;
+    async fn create_claim(&self, claim: IPAddressClaim) -> IPAddressClaim;
+    async fn cluster(&self, name: &str, paused: bool);
+    async fn wait_ready(&self, name: &str, status: &str, reason: Option<&str>) -> IPAddressClaim;
+    async fn address(&self, name: &str) -> IPAddress;
+    async fn pool_counts(&self, name: &str) -> (i64, i64, i64, i64);
+    async fn wait_pool_counts(&self, name: &str, expected: (i64, i64, i64, i64));
+    async fn wait_gone<K>(&self, api: &Api<K>, name: &str)
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug;
 }
 
-impl Env {
-    async fn new(prefix: &str) -> Option<Self> {
-        let client = support::client().await;
-        if !support::install_all_crds(&client).await {
-            return None;
-        }
-        let ns = TestNamespace::new(&client, prefix).await;
-        Some(Self { client, ns })
-    }
-
-    fn name(&self) -> &str {
-        &self.ns.name
-    }
-
-    fn meta(&self, name: &str) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(self.ns.name.clone()),
-            labels: Some(BTreeMap::from([(
-                WATCH_FILTER_LABEL.to_string(),
-                self.ns.name.clone(),
-            )])),
-            ..Default::default()
-        }
-    }
-
+impl CapiEnv for Env {
     fn pools(&self) -> Api<InClusterIPPool> {
         Api::namespaced(self.client.clone(), self.name())
     }

@@ -11,53 +11,33 @@ use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolRe
 use bitpool::api::metal3_ipam::{
     IPClaim, IPClaimSpec, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange,
 };
-use bitpool::controllers::WATCH_FILTER_LABEL;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
-use kube::{Client, ResourceExt};
-use support::{Bitpool, TestNamespace, eventually};
+use support::{Bitpool, Env, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-struct Env {
-    client: Client,
-    ns: TestNamespace,
+/// Metal3 helpers on the shared test environment.
+trait Metal3Env {
+    async fn pool(&self, name: &str, spec: IPPoolSpec);
+    fn ipclaim(&self, name: &str, pool: &str) -> IPClaim;
+    fn capi_claim(&self, name: &str, pool: &str) -> IPAddressClaim;
+    async fn create_ipclaim(&self, claim: IPClaim);
+    async fn create_capi_claim(&self, claim: IPAddressClaim);
+    async fn wait_ipclaim<T>(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&IPClaim) -> Option<T>,
+    ) -> T;
+    async fn allocated(&self, claim: &str) -> Metal3IPAddress;
+    async fn error_of(&self, claim: &str, expected: &str);
+    async fn capi_allocated(&self, claim: &str) -> IPAddress;
 }
 
-impl Env {
-    async fn new(prefix: &str) -> Option<Self> {
-        let client = support::client().await;
-        if !support::install_all_crds(&client).await {
-            return None;
-        }
-        let ns = TestNamespace::new(&client, prefix).await;
-        Some(Self { client, ns })
-    }
-
-    fn name(&self) -> &str {
-        &self.ns.name
-    }
-
-    fn meta(&self, name: &str) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(self.ns.name.clone()),
-            labels: Some(BTreeMap::from([(
-                WATCH_FILTER_LABEL.to_string(),
-                self.ns.name.clone(),
-            )])),
-            ..Default::default()
-        }
-    }
-
-    fn api<K>(&self) -> Api<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-    {
-        Api::namespaced(self.client.clone(), self.name())
-    }
-
+impl Metal3Env for Env {
     async fn pool(&self, name: &str, spec: IPPoolSpec) {
         let pool = IPPool {
             metadata: self.meta(name),

@@ -266,3 +266,48 @@ impl Drop for Bitpool {
         self.kill();
     }
 }
+
+/// A test's cluster handle and namespace, with objects labelled for its bitpool's watch filter.
+pub struct Env {
+    pub client: Client,
+    pub ns: TestNamespace,
+}
+
+impl Env {
+    /// `None` (test skipped) where the upstream CRDs are not available outside CI.
+    pub async fn new(prefix: &str) -> Option<Self> {
+        let client = client().await;
+        if !install_all_crds(&client).await {
+            return None;
+        }
+        let ns = TestNamespace::new(&client, prefix).await;
+        Some(Self { client, ns })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.ns.name
+    }
+
+    /// Metadata for an object of this test: its namespace and the watch-filter label.
+    pub fn meta(&self, name: &str) -> kube::api::ObjectMeta {
+        kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.ns.name.clone()),
+            labels: Some(
+                [(
+                    bitpool::controllers::WATCH_FILTER_LABEL.to_string(),
+                    self.ns.name.clone(),
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.name())
+    }
+}
