@@ -99,46 +99,22 @@ impl AnyClaim {
         self.meta().deletion_timestamp.is_some()
     }
 
-    pub async fn add_finalizer(
+    /// Makes `finalizer` present on the claim or absent from it.
+    pub async fn set_finalizer(
         &self,
         ctx: &Context,
         finalizer: &str,
+        present: bool,
     ) -> Result<FinalizerPatch, Error> {
         let ns = self.namespace();
         match self {
             AnyClaim::Capi(c) => {
-                objects::add_finalizer(&Api::namespaced(ctx.client.clone(), &ns), &**c, finalizer)
-                    .await
+                let api = Api::namespaced(ctx.client.clone(), &ns);
+                objects::set_finalizer(&api, &**c, finalizer, present).await
             }
             AnyClaim::Metal3(c) => {
-                objects::add_finalizer(&Api::namespaced(ctx.client.clone(), &ns), &**c, finalizer)
-                    .await
-            }
-        }
-    }
-
-    pub async fn remove_finalizer(
-        &self,
-        ctx: &Context,
-        finalizer: &str,
-    ) -> Result<FinalizerPatch, Error> {
-        let ns = self.namespace();
-        match self {
-            AnyClaim::Capi(c) => {
-                objects::remove_finalizer(
-                    &Api::namespaced(ctx.client.clone(), &ns),
-                    &**c,
-                    finalizer,
-                )
-                .await
-            }
-            AnyClaim::Metal3(c) => {
-                objects::remove_finalizer(
-                    &Api::namespaced(ctx.client.clone(), &ns),
-                    &**c,
-                    finalizer,
-                )
-                .await
+                let api = Api::namespaced(ctx.client.clone(), &ns);
+                objects::set_finalizer(&api, &**c, finalizer, present).await
             }
         }
     }

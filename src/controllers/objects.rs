@@ -56,6 +56,31 @@ where
     }
 }
 
+/// Makes `finalizer` present on `object` or absent from it; a no-op when it already is.
+pub async fn set_finalizer<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+    present: bool,
+) -> Result<FinalizerPatch, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    if has_finalizer(object.meta(), finalizer) == present {
+        return Ok(FinalizerPatch::Done);
+    }
+    let mut finalizers: Vec<String> = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(finalizer.to_string());
+    }
+    patch_finalizers(api, object, finalizers).await
+}
+
 pub async fn add_finalizer<K>(
     api: &Api<K>,
     object: &K,
@@ -64,12 +89,7 @@ pub async fn add_finalizer<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    if has_finalizer(object.meta(), finalizer) {
-        return Ok(FinalizerPatch::Done);
-    }
-    let mut finalizers = object.finalizers().to_vec();
-    finalizers.push(finalizer.to_string());
-    patch_finalizers(api, object, finalizers).await
+    set_finalizer(api, object, finalizer, true).await
 }
 
 pub async fn remove_finalizer<K>(
@@ -80,16 +100,7 @@ pub async fn remove_finalizer<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    if !has_finalizer(object.meta(), finalizer) {
-        return Ok(FinalizerPatch::Done);
-    }
-    let finalizers = object
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizer)
-        .cloned()
-        .collect();
-    patch_finalizers(api, object, finalizers).await
+    set_finalizer(api, object, finalizer, false).await
 }
 
 pub fn now() -> Time {

@@ -444,7 +444,7 @@ async fn select_claims<P: PoolDialect>(
         let ctx = ctx.clone();
         async move {
             let result = claim
-                .add_finalizer(&ctx, P::claim_finalizer(claim.kind()))
+                .set_finalizer(&ctx, P::claim_finalizer(claim.kind()), true)
                 .await;
             (claim, result)
         }
@@ -707,7 +707,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         let ctx = ctx.clone();
         async move {
             claim
-                .remove_finalizer(&ctx, P::claim_finalizer(claim.kind()))
+                .set_finalizer(&ctx, P::claim_finalizer(claim.kind()), false)
                 .await
         }
     })
