@@ -437,7 +437,6 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
         .await
         .expect("global pool");
     let _cleanup = GlobalCleanup {
-        api: globals.clone(),
         name: global.name_any(),
     };
     let global_claim =
@@ -464,35 +463,23 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
     );
 }
 
-/// Deletes a cluster-scoped pool at the end of a test, its claims first released.
+/// Deletes a cluster-scoped pool at the end of a test (its finalizer first: no bitpool is left
+/// to release it).
 struct GlobalCleanup {
-    api: Api<GlobalInClusterIPPool>,
     name: String,
 }
 
 impl Drop for GlobalCleanup {
     fn drop(&mut self) {
         let name = self.name.clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(runtime) = runtime {
-                runtime.block_on(async move {
-                    let api: Api<GlobalInClusterIPPool> = Api::all(support::client().await);
-                    let _ = api
-                        .patch(
-                            &name,
-                            &PatchParams::default(),
-                            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-                        )
-                        .await;
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                });
-            }
-        })
-        .join();
-        let _ = &self.api;
+        support::run_to_completion(async move {
+            let api: Api<GlobalInClusterIPPool> = Api::all(support::client().await);
+            let clear = json!({"metadata": {"finalizers": null}});
+            let _ = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(clear))
+                .await;
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        });
     }
 }
 

@@ -123,24 +123,28 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let name = self.name.clone();
-        // Drop cannot await; delete from a thread with its own runtime (and its own client: the
-        // test's client is served by the test's runtime, which this thread blocks) so cleanup
-        // also runs when the test panics.
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(runtime) = runtime {
-                runtime.block_on(async move {
-                    let client = client().await;
-                    let api: Api<Namespace> = Api::all(client.clone());
-                    let _ = api.delete(&name, &DeleteParams::background()).await;
-                    release_finalizers(&client, &name).await;
-                });
-            }
+        run_to_completion(async move {
+            let client = client().await;
+            let api: Api<Namespace> = Api::all(client.clone());
+            let _ = api.delete(&name, &DeleteParams::background()).await;
+            release_finalizers(&client, &name).await;
         });
-        let _ = cleanup.join();
     }
+}
+
+/// Runs a cleanup future to completion from a `Drop`, which cannot await: on a thread with its
+/// own runtime (the future must build its own client — the test's is served by the test's
+/// runtime, which this blocks), so cleanup also runs when the test panics.
+pub fn run_to_completion(cleanup: impl std::future::Future<Output = ()> + Send + 'static) {
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(runtime) = runtime {
+            runtime.block_on(cleanup);
+        }
+    });
+    let _ = thread.join();
 }
 
 /// The kinds whose objects carry bitpool's finalizers. With no bitpool left running after a
