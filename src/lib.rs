@@ -4,6 +4,7 @@
 //! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
 //! - [`crds`]: the CustomResourceDefinitions generated from those types.
 //! - [`controllers`]: the reconcilers (fetch, compute with [`alloc`], apply, write status).
+//! - [`render`]: a host's metaData and networkData from its template, as CAPM3 writes them.
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
 //! - [`cli`]: the `bitpool` command line.
 
@@ -13,3 +14,4 @@ pub mod cli;
 pub mod controllers;
 pub mod crds;
 pub mod migrate;
+pub mod render;
