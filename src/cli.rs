@@ -73,6 +73,19 @@ pub struct RunArgs {
         default_value = "bitpool-system"
     )]
     pub ledger_namespace: String,
+    /// Name the IP claims of each Metal3Data `<BareMetalHost>-<pool>` instead of
+    /// `<Metal3Data>-<pool>`, so that pools' preAllocations keyed by host name give each host the
+    /// same address across re-provisioning and rolling upgrades.
+    #[arg(
+        long,
+        alias = "enableBMHNameBasedPreallocation",
+        env = "ENABLE_BMH_NAME_BASED_PREALLOCATION",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub enable_bmh_name_based_preallocation: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -315,6 +328,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         namespace: args.namespace,
         watch_filter: args.watch_filter,
         ledger_namespace: args.ledger_namespace,
+        bmh_name_based_preallocation: args.enable_bmh_name_based_preallocation,
     };
     controllers::run(client, settings, shutdown_signal()).await;
     tracing::info!("stopped");

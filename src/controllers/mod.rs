@@ -6,12 +6,16 @@
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
 //! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
 //! - [`claims`]: claims whose pool does not exist;
+//! - [`data_template`]: Metal3DataClaims → indexes and Metal3Data;
+//! - [`data`]: Metal3Data → IP claims of the right kind, rendered metaData/networkData secrets;
 //! - [`ledger`] and [`intent`]: the per-pool record that makes the API server the judge of every
 //!   allocation, and the pure transaction applied to it;
 //! - [`kinds`]: the claim and address kinds behind one interface.
 
 pub mod capi;
 pub mod claims;
+pub mod data;
+pub mod data_template;
 pub mod error;
 pub mod intent;
 pub mod kinds;
@@ -42,6 +46,7 @@ pub use error::Error;
 
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 use pool::{PoolDialect, PoolKey};
 
@@ -59,6 +64,9 @@ pub struct Settings {
     pub watch_filter: Option<String>,
     /// Where the ledgers of cluster-scoped pools live.
     pub ledger_namespace: String,
+    /// Name the Metal3Data's IP claims `<BareMetalHost>-<pool>`, so that a pool's preAllocations
+    /// give each host the same address across re-provisioning.
+    pub bmh_name_based_preallocation: bool,
 }
 
 /// What every reconcile reads: the client, the settings and the shared caches.
@@ -74,6 +82,9 @@ pub struct Context {
     pub ippools: Store<IPPool>,
     pub ipclaims: Store<IPClaim>,
     pub metal3_addresses: Store<Metal3IPAddress>,
+    pub data_templates: Store<Metal3DataTemplate>,
+    pub datas: Store<Metal3Data>,
+    pub data_claims: Store<Metal3DataClaim>,
     orphan_since: Mutex<HashMap<PoolKey, Instant>>,
     spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
 }
@@ -268,6 +279,9 @@ pub async fn run(
     let mut pools = Shared::<InClusterIPPool>::new();
     let mut global_pools = Shared::<GlobalInClusterIPPool>::new();
     let mut ippools = Shared::<IPPool>::new();
+    let mut data_templates = Shared::<Metal3DataTemplate>::new();
+    let mut datas = Shared::<Metal3Data>::new();
+    let mut data_claims = Shared::<Metal3DataClaim>::new();
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -280,6 +294,9 @@ pub async fn run(
         ippools: ippools.store.clone(),
         ipclaims: caches.ipclaims.store.clone(),
         metal3_addresses: caches.metal3_addresses.store.clone(),
+        data_templates: data_templates.store.clone(),
+        datas: datas.store.clone(),
+        data_claims: data_claims.store.clone(),
         orphan_since: Mutex::new(HashMap::new()),
         spaces: Mutex::new(HashMap::new()),
     });
@@ -310,6 +327,14 @@ pub async fn run(
             .with_config(config.clone())
             .graceful_shutdown_on(stop_signal())
     });
+    let template_controller = template_controller(&data_templates, &datas, &data_claims).map(|c| {
+        c.with_config(config.clone())
+            .graceful_shutdown_on(stop_signal())
+    });
+    let data_controller = data_controller(&datas, &data_claims, &caches, &ctx).map(|c| {
+        c.with_config(config.clone())
+            .graceful_shutdown_on(stop_signal())
+    });
 
     caches
         .claims
@@ -329,6 +354,9 @@ pub async fn run(
     pools.start(api(&client, ns), watch_config(&settings, true));
     global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
     ippools.start(api(&client, ns), watch_config(&settings, true));
+    data_templates.start(api(&client, ns), watch_config(&settings, true));
+    datas.start(api(&client, ns), watch_config(&settings, true));
+    data_claims.start(api(&client, ns), watch_config(&settings, true));
 
     let in_cluster = async {
         if let Some(c) = in_cluster {
@@ -360,12 +388,29 @@ pub async fn run(
             drive(c.run(claims::reconcile, error_policy, ctx.clone())).await;
         }
     };
+    let metal3_data = async {
+        let templates = async {
+            if let Some(c) = template_controller {
+                drive(c.run(data_template::reconcile, error_policy, ctx.clone())).await;
+            }
+        };
+        let datas = async {
+            if let Some(c) = data_controller {
+                drive(c.run(data::reconcile, error_policy, ctx.clone())).await;
+            }
+        };
+        future::join(templates, datas).await;
+    };
     let stop_on_shutdown = async move {
         shutdown.await;
         let _ = stop.send(true);
     };
     tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, "controllers started");
-    future::join5(in_cluster, global, metal3, orphan_claims, stop_on_shutdown).await;
+    future::join(
+        future::join5(in_cluster, global, metal3, orphan_claims, metal3_data),
+        stop_on_shutdown,
+    )
+    .await;
 }
 
 /// Runs a controller to its end (shutdown); failed reconciles were logged by [`error_policy`].
@@ -475,4 +520,58 @@ where
         });
     }
     Some(controller)
+}
+
+/// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
+fn template_controller(
+    templates: &Shared<Metal3DataTemplate>,
+    datas: &Shared<Metal3Data>,
+    data_claims: &Shared<Metal3DataClaim>,
+) -> Option<Controller<Metal3DataTemplate>> {
+    Some(
+        Controller::for_shared_stream(templates.subscribe()?, templates.store.clone())
+            .watches_shared_stream(data_claims.subscribe()?, |claim| {
+                data::template_of(&claim.spec.template, claim.meta().namespace.as_deref())
+            })
+            .watches_shared_stream(datas.subscribe()?, |d| {
+                data::template_of(&d.spec.template, d.meta().namespace.as_deref())
+            }),
+    )
+}
+
+/// Metal3Data, triggered by their Metal3DataClaims, the IP claims they own and those claims'
+/// addresses.
+fn data_controller(
+    datas: &Shared<Metal3Data>,
+    data_claims: &Shared<Metal3DataClaim>,
+    caches: &Caches,
+    ctx: &Arc<Context>,
+) -> Option<Controller<Metal3Data>> {
+    let (for_capi, for_metal3) = (ctx.clone(), ctx.clone());
+    Some(
+        Controller::for_shared_stream(datas.subscribe()?, datas.store.clone())
+            .watches_shared_stream(data_claims.subscribe()?, |claim| {
+                data::data_of_claim(&claim)
+            })
+            .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
+                data::owner_data(claim.meta())
+            })
+            .watches_shared_stream(caches.claims.subscribe()?, |claim| {
+                data::owner_data(claim.meta())
+            })
+            .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
+                let ns = address.meta().namespace.as_deref()?;
+                let claim = for_capi
+                    .claims
+                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))?;
+                data::owner_data(claim.meta())
+            })
+            .watches_shared_stream(caches.metal3_addresses.subscribe()?, move |address| {
+                let ns = address.meta().namespace.as_deref()?;
+                let claim = for_metal3
+                    .ipclaims
+                    .get(&ObjectRef::new(address.spec.claim.name.as_deref()?).within(ns))?;
+                data::owner_data(claim.meta())
+            }),
+    )
 }

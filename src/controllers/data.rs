@@ -1,0 +1,723 @@
+//! Metal3Data: claims an address from every pool its template references (an IPClaim for a
+//! Metal3 IPPool, an IPAddressClaim for any other kind), renders the metaData and networkData
+//! secrets once, and releases every claim when it goes.
+//!
+//! Fetch (template, Metal3Machine, Machine, BareMetalHost), compute ([`crate::render`]), apply
+//! (claims, secrets), write status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret, SecretReference};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::Context;
+use super::error::Error;
+use super::objects::{self, FinalizerPatch};
+use crate::api::capi::{self, IPAddressClaim, IPAddressClaimSpec, IPPoolReference, Machine};
+use crate::api::labels;
+use crate::api::metal3_data::{
+    DATA_FINALIZER, DATA_NAME_LABEL, Metal3Data, Metal3DataClaim, Metal3DataTemplate,
+    POOL_NAME_LABEL, SECRET_TYPE,
+};
+use crate::api::metal3_hosts::{BARE_METAL_HOST_ANNOTATION, BareMetalHost, Metal3Machine};
+use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
+use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
+
+/// How often a Metal3Data that waits on objects bitpool does not watch looks again.
+const WAIT: Duration = Duration::from_secs(10);
+/// How often a Metal3Data whose claim failed asks again (the pool may have changed).
+const RETRY_FAILED: Duration = Duration::from_secs(30);
+
+/// Where a reconcile stopped.
+#[derive(Debug, PartialEq)]
+enum Step {
+    Ready,
+    /// Something else must happen first; not an error.
+    Waiting(String),
+    /// An error a person must act on; retried, since pools and objects change.
+    Failed(String),
+}
+
+pub async fn reconcile(data: Arc<Metal3Data>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = data
+        .namespace()
+        .ok_or_else(|| Error::MissingNamespace(data.name_any()))?;
+    let api: Api<Metal3Data> = Api::namespaced(ctx.client.clone(), &namespace);
+    if data.meta().deletion_timestamp.is_some() {
+        return release(&data, &ctx, &api).await;
+    }
+    if paused(&data, &ctx) {
+        return Ok(Action::await_change());
+    }
+    if objects::add_finalizer(&api, &data, DATA_FINALIZER).await? == FinalizerPatch::Stale {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let step = build(&data, &ctx, &api).await?;
+    let (ready, error, action) = match &step {
+        Step::Ready => (true, None, Action::await_change()),
+        Step::Waiting(why) => {
+            tracing::debug!(data = %data.name_any(), waiting = %why);
+            (false, None, Action::requeue(WAIT))
+        }
+        Step::Failed(message) => (false, Some(message.clone()), Action::requeue(RETRY_FAILED)),
+    };
+    write_status(&api, &data, ready, error).await?;
+    Ok(action)
+}
+
+fn paused(data: &Metal3Data, ctx: &Context) -> bool {
+    if objects::is_paused(data.meta()) {
+        return true;
+    }
+    let cluster = data.labels().get(labels::CLUSTER_NAME);
+    match (cluster, &ctx.clusters, data.namespace()) {
+        (Some(cluster), Some(clusters), Some(ns)) => clusters
+            .get(&ObjectRef::new(cluster).within(&ns))
+            .is_some_and(|c| c.spec.paused == Some(true) || objects::is_paused(c.meta())),
+        _ => false,
+    }
+}
+
+async fn write_status(
+    api: &Api<Metal3Data>,
+    data: &Metal3Data,
+    ready: bool,
+    error: Option<String>,
+) -> Result<(), Error> {
+    let current = data.status.clone().unwrap_or_default();
+    if current.ready == ready && current.error_message == error {
+        return Ok(());
+    }
+    let patch = json!({ "status": { "ready": ready, "errorMessage": error } });
+    match api
+        .patch_status(
+            &data.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// `Some(object)`, `None` when it does not exist.
+async fn get<K>(api: Api<K>, name: &str) -> Result<Option<K>, Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.map_err(Error::Kube)
+}
+
+fn facts(meta: &ObjectMeta) -> ObjectFacts {
+    ObjectFacts {
+        name: meta.name.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+    }
+}
+
+/// The owner of `meta` of the given kind in the given API group (any version).
+fn owner_named<'a>(meta: &'a ObjectMeta, kind: &str, group: &str) -> Option<&'a str> {
+    meta.owner_references.iter().flatten().find_map(|o| {
+        let owner_group = o.api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        (o.kind == kind && owner_group == group).then_some(o.name.as_str())
+    })
+}
+
+async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Result<Step, Error> {
+    let namespace = data.namespace().unwrap_or_default();
+    let client = &ctx.client;
+    let Some(template_name) = data.spec.template.name.clone() else {
+        return Ok(Step::Failed("spec.template has no name".into()));
+    };
+    let Some(template) = ctx
+        .data_templates
+        .get(&ObjectRef::new(&template_name).within(&namespace))
+    else {
+        return Ok(Step::Waiting(format!(
+            "Metal3DataTemplate {template_name} not found"
+        )));
+    };
+    if let Some(cluster) = data.labels().get(labels::CLUSTER_NAME)
+        && *cluster != template.spec.cluster_name
+    {
+        return Ok(Step::Failed(
+            "Metal3DataTemplate associated with another cluster".into(),
+        ));
+    }
+    let Some(claim_name) = data.spec.claim.name.clone() else {
+        return Ok(Step::Failed("spec.claim has no name".into()));
+    };
+    let Some(claim) = ctx
+        .data_claims
+        .get(&ObjectRef::new(&claim_name).within(&namespace))
+    else {
+        return Ok(Step::Waiting(format!(
+            "Metal3DataClaim {claim_name} not found"
+        )));
+    };
+    let Some(machine_name) = owner_named(
+        claim.meta(),
+        "Metal3Machine",
+        crate::api::metal3_data::GROUP,
+    ) else {
+        return Ok(Step::Failed(
+            "Metal3Machine not found in owner references".into(),
+        ));
+    };
+    let Some(metal3_machine) = get(
+        Api::<Metal3Machine>::namespaced(client.clone(), &namespace),
+        machine_name,
+    )
+    .await?
+    else {
+        return Ok(Step::Waiting(format!(
+            "Metal3Machine {machine_name} not found"
+        )));
+    };
+
+    // Secrets keep their names once set, and are never rendered twice: a host re-provisions
+    // into exactly the state it had.
+    let meta_ref = template.spec.meta_data.as_ref().map(|_| {
+        secret_ref(
+            data.spec.meta_data.as_ref(),
+            &metal3_machine.name_any(),
+            "metadata",
+            &namespace,
+        )
+    });
+    let network_ref = template.spec.network_data.as_ref().map(|_| {
+        secret_ref(
+            data.spec.network_data.as_ref(),
+            &metal3_machine.name_any(),
+            "networkdata",
+            &namespace,
+        )
+    });
+    if meta_ref.as_ref() != data.spec.meta_data.as_ref()
+        || network_ref.as_ref() != data.spec.network_data.as_ref()
+    {
+        let patch = json!({ "spec": { "metaData": meta_ref, "networkData": network_ref } });
+        api.patch(
+            &data.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .map_err(Error::Kube)?;
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let meta_missing = match &meta_ref {
+        Some(r) => get(secrets.clone(), r.name.as_deref().unwrap_or_default())
+            .await?
+            .is_none(),
+        None => false,
+    };
+    let network_missing = match &network_ref {
+        Some(r) => get(secrets.clone(), r.name.as_deref().unwrap_or_default())
+            .await?
+            .is_none(),
+        None => false,
+    };
+    if !meta_missing && !network_missing {
+        return Ok(Step::Ready);
+    }
+
+    let Some(machine_owner) = owner_named(metal3_machine.meta(), "Machine", "cluster.x-k8s.io")
+    else {
+        return Ok(Step::Waiting(format!(
+            "waiting for the Machine controller to set the owner of Metal3Machine {}",
+            metal3_machine.name_any()
+        )));
+    };
+    let Some(machine) = get(
+        Api::<Machine>::namespaced(client.clone(), &namespace),
+        machine_owner,
+    )
+    .await?
+    else {
+        return Ok(Step::Waiting(format!("Machine {machine_owner} not found")));
+    };
+    // The annotation's namespace part is ignored: the host is in the Metal3Machine's namespace.
+    let Some(host_name) = metal3_machine
+        .annotations()
+        .get(BARE_METAL_HOST_ANNOTATION)
+        .and_then(|a| a.rsplit('/').next())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+    else {
+        return Ok(Step::Waiting(format!(
+            "Metal3Machine {} has no {BARE_METAL_HOST_ANNOTATION} annotation yet",
+            metal3_machine.name_any()
+        )));
+    };
+    let Some(bare_metal_host) = get(
+        Api::<BareMetalHost>::namespaced(client.clone(), &namespace),
+        &host_name,
+    )
+    .await?
+    else {
+        return Ok(Step::Waiting(format!(
+            "BareMetalHost {host_name} not found"
+        )));
+    };
+    let host = Host {
+        namespace: namespace.clone(),
+        index: data.spec.index,
+        metal3_machine: facts(metal3_machine.meta()),
+        machine: facts(machine.meta()),
+        bare_metal_host: facts(bare_metal_host.meta()),
+        nics: bare_metal_host
+            .status
+            .as_ref()
+            .and_then(|s| s.hardware.as_ref())
+            .filter(|h| !h.nics.is_empty())
+            .map(|h| {
+                h.nics
+                    .iter()
+                    .map(|n| (n.name.clone(), n.mac.clone()))
+                    .collect()
+            }),
+        boot_mac: bare_metal_host.spec.boot_mac_address.clone(),
+    };
+
+    let references = match render::referenced_pools(&template.spec, Some(&host)) {
+        Ok(references) => references,
+        Err(e) => return Ok(Step::Failed(e.to_string())),
+    };
+    let mut addresses = PoolAddresses::new();
+    let (mut waiting, mut failed) = (vec![], vec![]);
+    for (pool, reference) in &references {
+        match ensure_claim(data, ctx, reference, &host_name).await? {
+            ClaimState::Address(address) => {
+                addresses.insert(pool.clone(), address);
+            }
+            ClaimState::Waiting(why) => waiting.push(why),
+            ClaimState::Failed(why) => failed.push(why),
+        }
+    }
+    if !failed.is_empty() {
+        return Ok(Step::Failed(failed.join("; ")));
+    }
+    if !waiting.is_empty() {
+        return Ok(Step::Waiting(waiting.join("; ")));
+    }
+
+    let cluster = template
+        .labels()
+        .get(labels::CLUSTER_NAME)
+        .cloned()
+        .unwrap_or_else(|| template.spec.cluster_name.clone());
+    if let (true, Some(meta), Some(reference)) = (meta_missing, &template.spec.meta_data, &meta_ref)
+    {
+        match render::meta_data(meta, &host, &addresses) {
+            Ok(text) => {
+                create_secret(&secrets, data, reference, &cluster, "metaData", text).await?
+            }
+            Err(e) => return Ok(Step::Failed(e.to_string())),
+        }
+    }
+    if let (true, Some(network), Some(reference)) =
+        (network_missing, &template.spec.network_data, &network_ref)
+    {
+        match render::network_data(network, &host, &addresses) {
+            Ok(text) => {
+                create_secret(&secrets, data, reference, &cluster, "networkData", text).await?
+            }
+            Err(e) => return Ok(Step::Failed(e.to_string())),
+        }
+    }
+    tracing::info!(data = %data.name_any(), "rendered metaData and networkData");
+    Ok(Step::Ready)
+}
+
+fn secret_ref(
+    existing: Option<&SecretReference>,
+    machine: &str,
+    suffix: &str,
+    namespace: &str,
+) -> SecretReference {
+    match existing.filter(|r| r.name.as_deref().is_some_and(|n| !n.is_empty())) {
+        Some(r) => r.clone(),
+        None => SecretReference {
+            name: Some(format!("{machine}-{suffix}")),
+            namespace: Some(namespace.to_string()),
+        },
+    }
+}
+
+async fn create_secret(
+    secrets: &Api<Secret>,
+    data: &Metal3Data,
+    reference: &SecretReference,
+    cluster: &str,
+    key: &str,
+    text: String,
+) -> Result<(), Error> {
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: reference.name.clone(),
+            namespace: data.namespace(),
+            labels: Some(BTreeMap::from([(
+                labels::CLUSTER_NAME.to_string(),
+                cluster.to_string(),
+            )])),
+            owner_references: objects::owner_reference(data, true).map(|o| vec![o]),
+            ..Default::default()
+        },
+        type_: Some(SECRET_TYPE.to_string()),
+        data: Some(BTreeMap::from([(
+            key.to_string(),
+            ByteString(text.into_bytes()),
+        )])),
+        ..Default::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        // Written by an earlier pass or another process: never re-rendered.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// What one pool's claim says.
+enum ClaimState {
+    Address(PoolAddress),
+    Waiting(String),
+    Failed(String),
+}
+
+fn owned_by(meta: &ObjectMeta, data: &Metal3Data) -> bool {
+    let uid = data.meta().uid.as_deref();
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| Some(o.uid.as_str()) == uid)
+}
+
+/// Finds or creates the claim for one pool and reads its address.
+async fn ensure_claim(
+    data: &Metal3Data,
+    ctx: &Context,
+    reference: &PoolReference,
+    host_name: &str,
+) -> Result<ClaimState, Error> {
+    let namespace = data.namespace().unwrap_or_default();
+    let own_name = format!("{}-{}", data.name_any(), reference.name);
+    let host_keyed = format!("{host_name}-{}", reference.name);
+    let preferred = if ctx.settings.bmh_name_based_preallocation {
+        &host_keyed
+    } else {
+        &own_name
+    };
+    match reference.kind() {
+        PoolKind::Metal3 => {
+            let store = &ctx.ipclaims;
+            let find = |name: &str| store.get(&ObjectRef::new(name).within(&namespace));
+            let ours = [&own_name, &host_keyed]
+                .into_iter()
+                .filter_map(|n| find(n))
+                .find(|c| owned_by(c.meta(), data));
+            if let Some(claim) = ours {
+                return Ok(metal3_address(ctx, &claim, &reference.name));
+            }
+            let api: Api<IPClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+            if let Some(other) = find(preferred) {
+                return earlier_claim(&api, &*other).await;
+            }
+            let claim = IPClaim {
+                metadata: claim_meta(data, preferred, &reference.name),
+                spec: IPClaimSpec {
+                    pool: ObjectReference {
+                        name: Some(reference.name.clone()),
+                        namespace: Some(namespace.clone()),
+                        ..Default::default()
+                    },
+                },
+                status: None,
+            };
+            create_claim(&api, &claim, &reference.name).await
+        }
+        PoolKind::Capi => {
+            let store = &ctx.claims;
+            let find = |name: &str| store.get(&ObjectRef::new(name).within(&namespace));
+            let ours = [&own_name, &host_keyed]
+                .into_iter()
+                .filter_map(|n| find(n))
+                .find(|c| owned_by(c.meta(), data));
+            if let Some(claim) = ours {
+                return Ok(capi_address(ctx, &claim, reference));
+            }
+            let api: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+            if let Some(other) = find(preferred) {
+                return earlier_claim(&api, &*other).await;
+            }
+            let claim = IPAddressClaim {
+                metadata: claim_meta(data, preferred, &reference.name),
+                spec: IPAddressClaimSpec {
+                    cluster_name: data.labels().get(labels::CLUSTER_NAME).cloned(),
+                    pool_ref: IPPoolReference {
+                        name: reference.name.clone(),
+                        kind: reference.kind.clone(),
+                        api_group: reference.api_group.clone(),
+                    },
+                },
+                status: None,
+            };
+            create_claim(&api, &claim, &reference.name).await
+        }
+    }
+}
+
+/// The claim's metadata: the Metal3Data's labels plus `data-name`/`pool-name` (how release finds
+/// host-keyed claims), the Metal3Data as controller, and the finalizer that keeps the claim while
+/// the Metal3Data uses it.
+fn claim_meta(data: &Metal3Data, name: &str, pool: &str) -> ObjectMeta {
+    let mut claim_labels = objects::with_label(
+        data.meta().labels.as_ref(),
+        DATA_NAME_LABEL,
+        &data.name_any(),
+    );
+    claim_labels.insert(POOL_NAME_LABEL.to_string(), pool.to_string());
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: data.namespace(),
+        labels: Some(claim_labels),
+        finalizers: Some(vec![DATA_FINALIZER.to_string()]),
+        owner_references: objects::owner_reference(data, true).map(|o| vec![o]),
+        ..Default::default()
+    }
+}
+
+async fn create_claim<K>(api: &Api<K>, claim: &K, pool: &str) -> Result<ClaimState, Error>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), claim).await {
+        Ok(_) => {
+            tracing::info!(claim = %claim.name_any(), kind = %K::kind(&()), "created IP claim");
+            Ok(ClaimState::Waiting(format!(
+                "waiting for an address from pool {pool}"
+            )))
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(ClaimState::Waiting(format!(
+            "claim {} exists but is not in the cache yet",
+            claim.name_any()
+        ))),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// A claim of the wanted name that belongs to another (earlier) Metal3Data: never taken over.
+/// If it is being deleted, its finalizer from that Metal3Data is lifted so that it can go.
+async fn earlier_claim<K>(api: &Api<K>, claim: &K) -> Result<ClaimState, Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if claim.meta().deletion_timestamp.is_some() {
+        objects::remove_finalizer(api, claim, DATA_FINALIZER).await?;
+        return Ok(ClaimState::Waiting(format!(
+            "claim {} of an earlier Metal3Data is being deleted",
+            claim.name_any()
+        )));
+    }
+    Ok(ClaimState::Waiting(format!(
+        "claim {} belongs to another Metal3Data; waiting for it to be released",
+        claim.name_any()
+    )))
+}
+
+fn metal3_address(ctx: &Context, claim: &IPClaim, pool: &str) -> ClaimState {
+    let status = claim.status.clone().unwrap_or_default();
+    if let Some(message) = status.error_message {
+        return ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"));
+    }
+    let Some(address_name) = status.address.and_then(|a| a.name) else {
+        return ClaimState::Waiting(format!("waiting for an address from pool {pool}"));
+    };
+    let namespace = claim.namespace().unwrap_or_default();
+    match ctx
+        .metal3_addresses
+        .get(&ObjectRef::new(&address_name).within(&namespace))
+    {
+        Some(address) => ClaimState::Address(PoolAddress {
+            address: address.spec.address.clone(),
+            prefix: address.spec.prefix.unwrap_or(0),
+            gateway: address.spec.gateway.clone().unwrap_or_default(),
+            dns_servers: address.spec.dns_servers.clone(),
+        }),
+        None => ClaimState::Waiting(format!("IPAddress {address_name} not found")),
+    }
+}
+
+fn capi_address(ctx: &Context, claim: &IPAddressClaim, reference: &PoolReference) -> ClaimState {
+    let pool = &reference.name;
+    if claim.meta().deletion_timestamp.is_some() {
+        return ClaimState::Waiting(format!(
+            "IPAddressClaim {} is being deleted",
+            claim.name_any()
+        ));
+    }
+    let status = claim.status.clone().unwrap_or_default();
+    let Some(address_name) = status.address_ref.map(|a| a.name).filter(|n| !n.is_empty()) else {
+        // Beyond CAPM3: say why the provider refused, instead of waiting silently.
+        let refused = status.conditions.iter().find(|c| {
+            c.type_ == capi::READY_CONDITION && c.status == "False" && !c.message.is_empty()
+        });
+        return match refused {
+            Some(c) => {
+                ClaimState::Failed(format!("IP Allocation for {pool} failed : {}", c.message))
+            }
+            None => ClaimState::Waiting(format!("waiting for an address from pool {pool}")),
+        };
+    };
+    let namespace = claim.namespace().unwrap_or_default();
+    let Some(address) = ctx
+        .addresses
+        .get(&ObjectRef::new(&address_name).within(&namespace))
+    else {
+        return ClaimState::Waiting(format!("IPAddress {address_name} not found"));
+    };
+    ClaimState::Address(PoolAddress {
+        address: address.spec.address.clone(),
+        prefix: address.spec.prefix,
+        gateway: address.spec.gateway.clone().unwrap_or_default(),
+        dns_servers: capi_pool_dns(ctx, reference, &namespace),
+    })
+}
+
+/// The CAPI contract carries no DNS; bitpool's own pools may list servers in `dnsServers`.
+fn capi_pool_dns(ctx: &Context, reference: &PoolReference, namespace: &str) -> Vec<String> {
+    if reference.api_group != capi::GROUP {
+        return vec![];
+    }
+    match reference.kind.as_str() {
+        "InClusterIPPool" => ctx
+            .pools
+            .get(&ObjectRef::new(&reference.name).within(namespace))
+            .map(|p| p.spec.dns_servers.clone())
+            .unwrap_or_default(),
+        "GlobalInClusterIPPool" => ctx
+            .global_pools
+            .get(&ObjectRef::new(&reference.name))
+            .map(|p| p.spec.pool.dns_servers.clone())
+            .unwrap_or_default(),
+        _ => vec![],
+    }
+}
+
+/// Deletion: once the Metal3DataClaim is gone (or going), every IP claim of this Metal3Data is
+/// released, of both kinds and whatever named its pool (annotations included), then the
+/// finalizer goes.
+async fn release(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Result<Action, Error> {
+    let namespace = data.namespace().unwrap_or_default();
+    if let Some(claim_name) = &data.spec.claim.name {
+        let claim = ctx
+            .data_claims
+            .get(&ObjectRef::new(claim_name).within(&namespace));
+        if claim.is_some_and(|c| c.meta().deletion_timestamp.is_none()) {
+            // Deleted while its claim still uses it: keep the addresses.
+            return Ok(Action::requeue(WAIT));
+        }
+    }
+    let data_name = data.name_any();
+    let belongs = |meta: &ObjectMeta| {
+        owned_by(meta, data)
+            || (meta.owner_references.as_ref().is_none_or(|o| o.is_empty())
+                && meta.labels.as_ref().and_then(|l| l.get(DATA_NAME_LABEL)) == Some(&data_name))
+    };
+    let ipclaims: Api<IPClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut released = 0;
+    for claim in ipclaims
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Kube)?
+    {
+        if belongs(claim.meta()) {
+            release_claim(&ipclaims, &claim).await?;
+            released += 1;
+        }
+    }
+    for claim in claims
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Kube)?
+    {
+        if belongs(claim.meta()) {
+            release_claim(&claims, &claim).await?;
+            released += 1;
+        }
+    }
+    tracing::info!(data = %data_name, claims = released, "released the IP claims of a deleted Metal3Data");
+    objects::remove_finalizer(api, data, DATA_FINALIZER).await?;
+    Ok(Action::await_change())
+}
+
+async fn release_claim<K>(api: &Api<K>, claim: &K) -> Result<(), Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    objects::remove_finalizer(api, claim, DATA_FINALIZER).await?;
+    if claim.meta().deletion_timestamp.is_none() {
+        match api
+            .delete(&claim.name_any(), &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The Metal3Data a claim or address event concerns: the claim's controlling Metal3Data.
+pub fn owner_data(meta: &ObjectMeta) -> Option<ObjectRef<Metal3Data>> {
+    let namespace = meta.namespace.as_deref()?;
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Metal3Data")
+        .map(|o| ObjectRef::new(&o.name).within(namespace))
+}
+
+/// The Metal3Data a Metal3DataClaim's events concern (deletion waits on the claim).
+pub fn data_of_claim(claim: &Metal3DataClaim) -> Option<ObjectRef<Metal3Data>> {
+    let name = claim
+        .status
+        .as_ref()?
+        .rendered_data
+        .as_ref()?
+        .name
+        .as_deref()?;
+    Some(ObjectRef::new(name).within(claim.meta().namespace.as_deref()?))
+}
+
+/// Used by the template controller's trigger on Metal3DataTemplate changes.
+pub fn template_of(
+    reference: &ObjectReference,
+    namespace: Option<&str>,
+) -> Option<ObjectRef<Metal3DataTemplate>> {
+    let name = reference.name.as_deref()?;
+    let ns = reference
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .or(namespace)?;
+    Some(ObjectRef::new(name).within(ns))
+}

@@ -1,0 +1,387 @@
+//! Metal3DataTemplate: gives each Metal3DataClaim of the template the lowest free index and a
+//! Metal3Data `<template>-<index>`, points the claim at it, and tears both down together.
+//!
+//! Two processes cannot hand one index to two claims: the index is the Metal3Data's name, so the
+//! API server refuses the second. Nor one claim two indexes: a claim is bound to its index by a
+//! status write made with the claim's resourceVersion before the Metal3Data is created, and a
+//! reconcile after a crash creates the Metal3Data the claim already names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::Context;
+use super::error::Error;
+use super::objects::{self, FinalizerPatch};
+use crate::api::metal3_data::{
+    DATA_CLAIM_FINALIZER, Metal3Data, Metal3DataClaim, Metal3DataSpec, Metal3DataTemplate,
+    TEMPLATE_FINALIZER,
+};
+
+/// How soon to look again after losing a race with another writer.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// The Metal3Data of `template` at `index`.
+pub fn data_name(template: &str, index: i64) -> String {
+    format!("{template}-{index}")
+}
+
+/// The index a Metal3Data name stands for under `template`, if it is one of its names.
+fn index_of(template: &str, data: &str) -> Option<i64> {
+    data.strip_prefix(template)?
+        .strip_prefix('-')?
+        .parse()
+        .ok()
+        .filter(|i| *i >= 0)
+}
+
+/// The lowest index that is neither taken nor reserved.
+pub fn lowest_free(taken: &BTreeSet<i64>) -> i64 {
+    (0..)
+        .find(|i| !taken.contains(i))
+        .unwrap_or(taken.len() as i64)
+}
+
+fn same_template(reference: &ObjectReference, namespace: &str, template: &str) -> bool {
+    reference.name.as_deref() == Some(template)
+        && reference
+            .namespace
+            .as_deref()
+            .is_none_or(|n| n.is_empty() || n == namespace)
+}
+
+pub async fn reconcile(
+    template: Arc<Metal3DataTemplate>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let namespace = template
+        .namespace()
+        .ok_or_else(|| Error::MissingNamespace(template.name_any()))?;
+    let name = template.name_any();
+    let templates: Api<Metal3DataTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
+    let datas: Api<Metal3Data> = Api::namespaced(ctx.client.clone(), &namespace);
+    let claims_api: Api<Metal3DataClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    let data_of_template: Vec<Arc<Metal3Data>> = ctx
+        .datas
+        .state()
+        .into_iter()
+        .filter(|d| {
+            d.namespace().as_deref() == Some(namespace.as_str())
+                && same_template(&d.spec.template, &namespace, &name)
+        })
+        .collect();
+    let claims: Vec<Arc<Metal3DataClaim>> = ctx
+        .data_claims
+        .state()
+        .into_iter()
+        .filter(|c| {
+            c.namespace().as_deref() == Some(namespace.as_str())
+                && same_template(&c.spec.template, &namespace, &name)
+        })
+        .collect();
+    let mut by_claim: BTreeMap<String, Arc<Metal3Data>> = BTreeMap::new();
+    for data in &data_of_template {
+        if let Some(claim) = &data.spec.claim.name {
+            let keep = by_claim
+                .get(claim)
+                .is_none_or(|kept| data.spec.index < kept.spec.index);
+            if keep {
+                by_claim.insert(claim.clone(), data.clone());
+            }
+        }
+    }
+
+    let deleting = template.meta().deletion_timestamp.is_some();
+    if !deleting
+        && objects::add_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?
+            == FinalizerPatch::Stale
+    {
+        return Ok(Action::requeue(RETRY));
+    }
+
+    // Indexes in use, or reserved by a claim whose Metal3Data is not created yet.
+    let mut taken: BTreeSet<i64> = data_of_template.iter().map(|d| d.spec.index).collect();
+    for claim in &claims {
+        if let Some(index) = reserved_index(claim, &name) {
+            taken.insert(index);
+        }
+    }
+
+    let mut retry = false;
+    for claim in &claims {
+        let claim_name = claim.name_any();
+        let data = by_claim.get(&claim_name);
+        if claim.meta().deletion_timestamp.is_some() || (deleting && data.is_none()) {
+            if let Some(data) = data {
+                objects::remove_finalizer(&datas, data, DATA_CLAIM_FINALIZER).await?;
+                delete_ignoring_missing(&datas, &data.name_any()).await?;
+            }
+            retry |= objects::remove_finalizer(&claims_api, claim, DATA_CLAIM_FINALIZER).await?
+                == FinalizerPatch::Stale;
+            continue;
+        }
+        if deleting {
+            continue;
+        }
+        if !objects::has_finalizer(claim.meta(), DATA_CLAIM_FINALIZER) {
+            // The claim's resourceVersion changes: bind it on the next pass.
+            objects::add_finalizer(&claims_api, claim, DATA_CLAIM_FINALIZER).await?;
+            retry = true;
+            continue;
+        }
+        match data {
+            Some(data) => {
+                if claim_points_at(claim, &data.name_any()) {
+                    continue;
+                }
+                retry |= !bind(&claims_api, claim, &data.name_any()).await?;
+            }
+            None => {
+                retry |= !create_data(&template, claim, &mut taken, &datas, &claims_api).await?;
+            }
+        }
+    }
+
+    write_indexes(&ctx, &template, &data_of_template).await?;
+
+    if deleting && data_of_template.is_empty() {
+        objects::remove_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?;
+        return Ok(Action::await_change());
+    }
+    Ok(if retry {
+        Action::requeue(RETRY)
+    } else {
+        Action::await_change()
+    })
+}
+
+/// The index a claim was bound to before its Metal3Data existed (crash or race recovery).
+fn reserved_index(claim: &Metal3DataClaim, template: &str) -> Option<i64> {
+    let rendered = claim.status.as_ref()?.rendered_data.as_ref()?;
+    index_of(template, rendered.name.as_deref()?)
+}
+
+fn claim_points_at(claim: &Metal3DataClaim, data: &str) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.rendered_data.as_ref())
+        .and_then(|r| r.name.as_deref())
+        == Some(data)
+}
+
+/// Points the claim at `data`, only if the claim has not changed since it was read. Returns
+/// whether the write happened.
+async fn bind(
+    claims: &Api<Metal3DataClaim>,
+    claim: &Metal3DataClaim,
+    data: &str,
+) -> Result<bool, Error> {
+    let patch = json!({
+        "metadata": { "resourceVersion": claim.meta().resource_version },
+        "status": {
+            "renderedData": { "name": data, "namespace": claim.namespace() },
+            "errorMessage": null,
+        },
+    });
+    match claims
+        .patch_status(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// Binds the claim to an index and creates its Metal3Data. Returns false when another writer
+/// got there first (the caller looks again).
+async fn create_data(
+    template: &Metal3DataTemplate,
+    claim: &Metal3DataClaim,
+    taken: &mut BTreeSet<i64>,
+    datas: &Api<Metal3Data>,
+    claims: &Api<Metal3DataClaim>,
+) -> Result<bool, Error> {
+    let template_name = template.name_any();
+    let index = match reserved_index(claim, &template_name) {
+        // Created by an earlier pass that did not finish, or reserved by this claim.
+        Some(index) => index,
+        None => {
+            let index = lowest_free(taken);
+            if !bind(claims, claim, &data_name(&template_name, index)).await? {
+                return Ok(false);
+            }
+            index
+        }
+    };
+    taken.insert(index);
+    let namespace = claim.namespace();
+    let mut owners: Vec<_> = [
+        objects::owner_reference(template, true),
+        objects::owner_reference(claim, false),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    owners.extend(
+        claim
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|o| o.kind == "Metal3Machine")
+            .map(
+                |o| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    controller: Some(false),
+                    ..o.clone()
+                },
+            ),
+    );
+    let data = Metal3Data {
+        metadata: ObjectMeta {
+            name: Some(data_name(&template_name, index)),
+            namespace: namespace.clone(),
+            labels: claim.meta().labels.clone(),
+            finalizers: Some(vec![DATA_CLAIM_FINALIZER.to_string()]),
+            owner_references: Some(owners),
+            ..Default::default()
+        },
+        spec: Metal3DataSpec {
+            index,
+            claim: ObjectReference {
+                name: Some(claim.name_any()),
+                namespace: namespace.clone(),
+                ..Default::default()
+            },
+            template: ObjectReference {
+                name: Some(template_name.clone()),
+                namespace,
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+        status: None,
+    };
+    match datas.create(&PostParams::default(), &data).await {
+        Ok(_) => {
+            tracing::info!(claim = %claim.name_any(), index, "created Metal3Data");
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            // Either this claim's own Metal3Data from an earlier pass, or another claim won the
+            // index: unbind so that the next pass picks again unless the data is ours.
+            let existing = datas
+                .get_opt(&data_name(&template_name, index))
+                .await
+                .map_err(Error::Kube)?;
+            let ours = existing
+                .as_ref()
+                .is_some_and(|d| d.spec.claim.name.as_deref() == Some(&claim.name_any()));
+            if !ours {
+                tracing::info!(claim = %claim.name_any(), index, "index taken by another claim; choosing again");
+                let fresh = claims.get(&claim.name_any()).await.map_err(Error::Kube)?;
+                let patch = json!({
+                    "metadata": { "resourceVersion": fresh.meta().resource_version },
+                    "status": { "renderedData": null },
+                });
+                let _ = claims
+                    .patch_status(
+                        &claim.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(patch),
+                    )
+                    .await;
+            }
+            Ok(false)
+        }
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// `status.indexes` (claim name → index) as the Metal3Data say, `lastUpdated` when it changes.
+async fn write_indexes(
+    ctx: &Context,
+    template: &Metal3DataTemplate,
+    datas: &[Arc<Metal3Data>],
+) -> Result<(), Error> {
+    let indexes: BTreeMap<String, i64> = datas
+        .iter()
+        .filter(|d| d.meta().deletion_timestamp.is_none())
+        .filter_map(|d| Some((d.spec.claim.name.clone()?, d.spec.index)))
+        .collect();
+    let current = template.status.as_ref().map(|s| &s.indexes);
+    if current == Some(&indexes) || (current.is_none() && indexes.is_empty()) {
+        return Ok(());
+    }
+    let api: Api<Metal3DataTemplate> = Api::namespaced(
+        ctx.client.clone(),
+        &template.namespace().unwrap_or_default(),
+    );
+    // A merge patch cannot remove map keys it does not name, so name the removed ones as null.
+    let mut patch_indexes = serde_json::Map::new();
+    for old in current.into_iter().flat_map(|m| m.keys()) {
+        patch_indexes.insert(old.clone(), serde_json::Value::Null);
+    }
+    for (claim, index) in &indexes {
+        patch_indexes.insert(claim.clone(), json!(index));
+    }
+    let patch = json!({ "status": { "indexes": patch_indexes, "lastUpdated": objects::now() } });
+    match api
+        .patch_status(
+            &template.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_fill_gaps_from_zero() {
+        assert_eq!(lowest_free(&BTreeSet::new()), 0);
+        assert_eq!(lowest_free(&BTreeSet::from([0, 1, 3])), 2);
+        assert_eq!(lowest_free(&BTreeSet::from([1, 2])), 0);
+        assert_eq!(lowest_free(&BTreeSet::from([0, 1, 2])), 3);
+    }
+
+    #[test]
+    fn data_names_round_trip_to_indexes() {
+        assert_eq!(index_of("workers", &data_name("workers", 12)), Some(12));
+        assert_eq!(index_of("workers", "workers-x"), None);
+        assert_eq!(index_of("workers", "workers-ab-1"), None);
+        assert_eq!(index_of("workers-ab", "workers-ab-1"), Some(1));
+        assert_eq!(index_of("workers", "other-1"), None);
+        assert_eq!(index_of("workers", "workers--1"), None);
+    }
+}

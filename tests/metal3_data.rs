@@ -1,0 +1,618 @@
+//! The Metal3Data reconciler against a real API server, with upstream's Machine, Metal3Machine and
+//! BareMetalHost CRDs: a template referencing a Metal3 IPPool (by name and by annotation) and an
+//! InClusterIPPool (by `fromPoolRef`), served by real `bitpool run` processes.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bitpool::api::capi::{IPAddress, IPAddressClaim};
+use bitpool::api::capi_pools::InClusterIPPool;
+use bitpool::api::metal3_data::{
+    DATA_FINALIZER, DATA_NAME_LABEL, Metal3Data, Metal3DataClaim, Metal3DataTemplate,
+    POOL_NAME_LABEL, SECRET_TYPE,
+};
+use bitpool::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use serde_json::{Value, json};
+use support::{Bitpool, Env, eventually};
+
+const WAIT: Duration = Duration::from_secs(90);
+const CLUSTER: &str = "test1";
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+struct Fixture {
+    env: Env,
+}
+
+impl Fixture {
+    async fn new(prefix: &str) -> Option<Self> {
+        Some(Self {
+            env: Env::new(prefix).await?,
+        })
+    }
+
+    fn ns(&self) -> &str {
+        self.env.name()
+    }
+
+    fn dynamic(&self, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.env.client.clone(), self.ns(), resource)
+    }
+
+    /// Labels every object of the test carries: the process's watch filter and the cluster.
+    fn labels(&self) -> Value {
+        json!({
+            "cluster.x-k8s.io/watch-filter": self.ns(),
+            "cluster.x-k8s.io/cluster-name": CLUSTER,
+        })
+    }
+
+    async fn create<K>(&self, object: Value) -> K
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let object: K = serde_json::from_value(object).expect("test object matches its type");
+        self.env
+            .api::<K>()
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("create {}: {e}", object.name_any()))
+    }
+
+    async fn create_dynamic(&self, resource: &ApiResource, object: Value) -> DynamicObject {
+        let object: DynamicObject = serde_json::from_value(object).expect("dynamic object");
+        self.dynamic(resource)
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("create {}: {e}", object.name_any()))
+    }
+
+    /// The Cluster, a Metal3 IPPool, an annotation-named Metal3 IPPool and an InClusterIPPool
+    /// with DNS.
+    async fn pools(&self, m3_prealloc: Value, capi_prealloc: Value) {
+        let ns = self.ns();
+        // CAPI claims name their Cluster and wait for it (the contract).
+        self.create_dynamic(
+            &resource("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters"),
+            json!({
+                "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": {"name": CLUSTER, "namespace": ns},
+                "spec": {"paused": false},
+            }),
+        )
+        .await;
+        self.create::<IPPool>(json!({
+            "metadata": {"name": "m3pool", "namespace": ns, "labels": self.labels()},
+            "spec": {
+                "clusterName": CLUSTER, "namePrefix": "m3",
+                "pools": [{"start": "192.168.111.100", "end": "192.168.111.120"}],
+                "prefix": 24, "gateway": "192.168.111.1", "dnsServers": ["192.168.111.1"],
+                "preAllocations": m3_prealloc,
+            }
+        }))
+        .await;
+        self.create::<IPPool>(json!({
+            "metadata": {"name": "annpool", "namespace": ns, "labels": self.labels()},
+            "spec": {
+                "namePrefix": "ann",
+                "pools": [{"start": "172.16.0.10", "end": "172.16.0.20"}],
+                "prefix": 16, "gateway": "172.16.0.1",
+            }
+        }))
+        .await;
+        self.create::<InClusterIPPool>(json!({
+            "metadata": {"name": "capipool", "namespace": ns, "labels": self.labels()},
+            "spec": {
+                "addresses": ["10.0.0.10-10.0.0.30"], "prefix": 24, "gateway": "10.0.0.1",
+                "dnsServers": ["10.0.0.53"], "preAllocations": capi_prealloc,
+            }
+        }))
+        .await;
+    }
+
+    /// A template written for CAPM3, plus a network on the InClusterIPPool by `fromPoolRef` and
+    /// one on a pool named by a BareMetalHost annotation.
+    async fn template(&self) {
+        let capi_ref = json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "capipool"});
+        self.create::<Metal3DataTemplate>(json!({
+            "metadata": {"name": "workers", "namespace": self.ns(), "labels": self.labels()},
+            "spec": {
+                "clusterName": CLUSTER,
+                "metaData": {
+                    "objectNames": [{"key": "name", "object": "machine"}],
+                    "indexes": [{"key": "index", "offset": 100, "step": 1, "prefix": "node"}],
+                    "ipAddressesFromIPPool": [
+                        {"key": "ip", "name": "m3pool", "apiGroup": "ipam.metal3.io", "kind": "IPPool"},
+                        {"key": "capi_ip", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"},
+                    ],
+                    "dnsServersFromIPPool": [{"key": "dns", "name": "m3pool", "apiGroup": "", "kind": ""}],
+                },
+                "networkData": {
+                    "links": {"ethernets": [{"type": "phy", "id": "enp1s0", "mtu": 1500, "macAddress": {"fromHostInterface": "enp1s0"}}]},
+                    "networks": {"ipv4": [
+                        {"id": "prov", "link": "enp1s0", "ipAddressFromIPPool": "m3pool",
+                         "routes": [{"network": "0.0.0.0", "prefix": 0, "gateway": {"fromIPPool": "m3pool"}}]},
+                        {"id": "capi", "link": "enp1s0", "fromPoolRef": capi_ref,
+                         "routes": [{"network": "10.1.0.0", "prefix": 16, "gateway": {"fromPoolRef": capi_ref}, "services": {"dns": ["8.8.8.8"]}}]},
+                        {"id": "ann", "link": "enp1s0", "fromPoolAnnotation": {"object": "baremetalhost", "annotation": "example.com/pool"}},
+                    ]},
+                    "services": {"dnsFromIPPool": "m3pool"},
+                },
+            }
+        }))
+        .await;
+    }
+
+    /// A BareMetalHost with one NIC, as the baremetal-operator reports it.
+    async fn host(&self, name: &str, mac: &str) {
+        let bmh = resource("metal3.io", "v1alpha1", "BareMetalHost", "baremetalhosts");
+        self.create_dynamic(&bmh, json!({
+            "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": name, "namespace": self.ns(), "annotations": {"example.com/pool": "annpool"}},
+            "spec": {"online": true},
+        }))
+        .await;
+        let status = json!({"status": {
+            "errorCount": 0, "errorMessage": "", "operationalStatus": "OK", "poweredOn": true,
+            "provisioningFailCount": 0, "provisioning": {"ID": "", "state": "provisioned"},
+            "hardware": {"nics": [{"name": "enp1s0", "mac": mac}]},
+        }});
+        self.dynamic(&bmh)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .expect("BareMetalHost status");
+    }
+
+    /// A CAPI Machine, its Metal3Machine on `host`, and the Metal3DataClaim CAPM3 would create.
+    async fn machine(&self, name: &str, host: &str) {
+        let ns = self.ns();
+        let machine = self
+            .create_dynamic(
+                &resource("cluster.x-k8s.io", "v1beta2", "Machine", "machines"),
+                json!({
+                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                    "metadata": {"name": format!("machine-{name}"), "namespace": ns, "labels": self.labels()},
+                    "spec": {"clusterName": CLUSTER, "bootstrap": {"dataSecretName": "none"},
+                             "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine", "name": name}},
+                }),
+            )
+            .await;
+        let m3m = self
+            .create_dynamic(
+                &resource("infrastructure.cluster.x-k8s.io", "v1beta1", "Metal3Machine", "metal3machines"),
+                json!({
+                    "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
+                    "metadata": {
+                        "name": name, "namespace": ns, "labels": self.labels(),
+                        "annotations": {"metal3.io/BareMetalHost": format!("{ns}/{host}")},
+                        "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+                                             "name": machine.name_any(), "uid": machine.uid(), "controller": true}],
+                    },
+                    "spec": {"dataTemplate": {"name": "workers"}},
+                }),
+            )
+            .await;
+        self.create::<Metal3DataClaim>(json!({
+            "metadata": {
+                "name": name, "namespace": ns, "labels": self.labels(),
+                "ownerReferences": [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
+                                     "name": name, "uid": m3m.uid(), "controller": true}],
+            },
+            "spec": {"template": {"name": "workers"}},
+        }))
+        .await;
+    }
+
+    /// Waits until the claim's Metal3Data is ready; returns it.
+    async fn ready_data(&self, claim: &str) -> Metal3Data {
+        let claims = self.env.api::<Metal3DataClaim>();
+        let datas = self.env.api::<Metal3Data>();
+        eventually(&format!("Metal3Data of {claim} ready"), WAIT, || async {
+            let claim = claims.get(claim).await.ok()?;
+            let name = claim.status?.rendered_data?.name?;
+            let data = datas.get(&name).await.ok()?;
+            data.status
+                .as_ref()
+                .is_some_and(|s| s.ready)
+                .then_some(data)
+        })
+        .await
+    }
+
+    async fn secret_text(&self, name: &str, key: &str) -> String {
+        let secret = self
+            .env
+            .api::<Secret>()
+            .get(name)
+            .await
+            .expect("secret exists");
+        assert_eq!(secret.type_.as_deref(), Some(SECRET_TYPE));
+        assert_eq!(
+            secret
+                .labels()
+                .get("cluster.x-k8s.io/cluster-name")
+                .map(String::as_str),
+            Some(CLUSTER)
+        );
+        let bytes = secret
+            .data
+            .and_then(|d| d.get(key).cloned())
+            .expect("secret key");
+        String::from_utf8(bytes.0).expect("utf-8")
+    }
+
+    async fn metal3_address(&self, claim: &str) -> String {
+        let claim = self.env.api::<IPClaim>().get(claim).await.expect("IPClaim");
+        let name = claim
+            .status
+            .and_then(|s| s.address)
+            .and_then(|a| a.name)
+            .expect("allocated");
+        self.env
+            .api::<Metal3IPAddress>()
+            .get(&name)
+            .await
+            .expect("IPAddress")
+            .spec
+            .address
+    }
+
+    async fn capi_address(&self, claim: &str) -> String {
+        let claim = self
+            .env
+            .api::<IPAddressClaim>()
+            .get(claim)
+            .await
+            .expect("IPAddressClaim");
+        let name = claim
+            .status
+            .and_then(|s| s.address_ref)
+            .map(|a| a.name)
+            .expect("allocated");
+        self.env
+            .api::<IPAddress>()
+            .get(&name)
+            .await
+            .expect("IPAddress")
+            .spec
+            .address
+    }
+
+    async fn gone<K>(&self, name: &str)
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api = self.env.api::<K>();
+        eventually(&format!("{name} gone"), WAIT, || async {
+            matches!(api.get_opt(name).await, Ok(None)).then_some(())
+        })
+        .await
+    }
+}
+
+/// The networkData CAPM3 writes for this template, from the addresses the host got.
+fn expected_network_data(mac: &str, m3: &str, capi: &str, ann: &str) -> String {
+    format!(
+        "links:
+- ethernet_mac_address: {mac}
+  id: enp1s0
+  mtu: 1500
+  type: phy
+networks:
+- id: prov
+  ip_address: {m3}
+  link: enp1s0
+  netmask: 255.255.255.0
+  routes:
+  - gateway: 192.168.111.1
+    netmask: 0.0.0.0
+    network: 0.0.0.0
+    services: []
+  type: ipv4
+- id: capi
+  ip_address: {capi}
+  link: enp1s0
+  netmask: 255.255.255.0
+  routes:
+  - gateway: 10.0.0.1
+    netmask: 255.255.0.0
+    network: 10.1.0.0
+    services:
+    - address: 8.8.8.8
+      type: dns
+  type: ipv4
+- id: ann
+  ip_address: {ann}
+  link: enp1s0
+  netmask: 255.255.0.0
+  routes: []
+  type: ipv4
+services:
+- address: 192.168.111.1
+  type: dns
+"
+    )
+}
+
+#[tokio::test]
+async fn three_hosts_get_rendered_data_from_metal3_and_in_cluster_pools_and_release_it() {
+    let Some(f) = Fixture::new("m3data").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(f.ns(), &[]);
+    f.pools(json!({}), json!({})).await;
+    f.template().await;
+    for i in 0..3 {
+        f.host(&format!("node-{i}"), &format!("00:5c:52:31:3a:0{i}"))
+            .await;
+        f.machine(&format!("m3m-{i}"), &format!("node-{i}")).await;
+    }
+
+    let mut seen = BTreeSet::new();
+    for i in 0..3 {
+        let claim = format!("m3m-{i}");
+        let data = f.ready_data(&claim).await;
+        let name = data.name_any();
+        assert!(
+            ["workers-0", "workers-1", "workers-2"].contains(&name.as_str()),
+            "{name}"
+        );
+        assert_eq!(
+            data.spec.index.to_string(),
+            name.trim_start_matches("workers-")
+        );
+        assert!(data.finalizers().iter().any(|f| f == DATA_FINALIZER));
+        let owners: Vec<&str> = data
+            .owner_references()
+            .iter()
+            .map(|o| o.kind.as_str())
+            .collect();
+        assert_eq!(
+            owners,
+            ["Metal3DataTemplate", "Metal3DataClaim", "Metal3Machine"]
+        );
+
+        // One claim per pool, of the kind the pool needs, named after the Metal3Data.
+        let m3 = f.metal3_address(&format!("{name}-m3pool")).await;
+        let ann = f.metal3_address(&format!("{name}-annpool")).await;
+        let capi = f.capi_address(&format!("{name}-capipool")).await;
+        for address in [&m3, &ann, &capi] {
+            assert!(seen.insert(address.clone()), "{address} handed out twice");
+        }
+        let ipclaim = f
+            .env
+            .api::<IPClaim>()
+            .get(&format!("{name}-m3pool"))
+            .await
+            .unwrap();
+        assert!(ipclaim.finalizers().iter().any(|f| f == DATA_FINALIZER));
+        assert_eq!(ipclaim.owner_references()[0].uid, data.uid().unwrap());
+        assert_eq!(
+            ipclaim.labels().get(POOL_NAME_LABEL).map(String::as_str),
+            Some("m3pool")
+        );
+
+        let network = f
+            .secret_text(&format!("{claim}-networkdata"), "networkData")
+            .await;
+        assert_eq!(
+            network,
+            expected_network_data(&format!("00:5c:52:31:3a:0{i}"), &m3, &capi, &ann)
+        );
+        let meta = f
+            .secret_text(&format!("{claim}-metadata"), "metaData")
+            .await;
+        assert_eq!(
+            meta,
+            format!(
+                "capi_ip: {capi}\ndns: 192.168.111.1\nindex: node{}\nip: {m3}\nname: machine-{claim}\nproviderid: {}/node-{i}/{claim}\n",
+                100 + data.spec.index,
+                f.ns()
+            )
+        );
+    }
+    let templates = f.env.api::<Metal3DataTemplate>();
+    let indexes = eventually("template indexes", WAIT, || async {
+        let t = templates.get("workers").await.ok()?;
+        let indexes = t.status?.indexes;
+        (indexes.len() == 3).then_some(indexes)
+    })
+    .await;
+    assert_eq!(
+        indexes.values().copied().collect::<BTreeSet<_>>(),
+        BTreeSet::from([0, 1, 2])
+    );
+
+    // Deleting a host's claim releases its index and every IP claim, annotation pool included.
+    let index_of_1 = indexes["m3m-1"];
+    let data_1 = format!("workers-{index_of_1}");
+    let m3_address_1 = f.metal3_address(&format!("{data_1}-m3pool")).await;
+    f.env
+        .api::<Metal3DataClaim>()
+        .delete("m3m-1", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    f.gone::<Metal3DataClaim>("m3m-1").await;
+    f.gone::<Metal3Data>(&data_1).await;
+    f.gone::<IPClaim>(&format!("{data_1}-m3pool")).await;
+    f.gone::<IPClaim>(&format!("{data_1}-annpool")).await;
+    f.gone::<IPAddressClaim>(&format!("{data_1}-capipool"))
+        .await;
+    let address_name = format!("m3-{}", m3_address_1.replace('.', "-"));
+    f.gone::<Metal3IPAddress>(&address_name).await;
+    eventually("index released", WAIT, || async {
+        let t = templates.get("workers").await.ok()?;
+        (!t.status?.indexes.contains_key("m3m-1")).then_some(())
+    })
+    .await;
+
+    // A new host takes the lowest free index.
+    f.host("node-3", "00:5c:52:31:3a:03").await;
+    f.machine("m3m-3", "node-3").await;
+    let data = f.ready_data("m3m-3").await;
+    assert_eq!(data.spec.index, index_of_1);
+
+    // The template stays while Metal3Data use it, and goes with the last one.
+    templates
+        .delete("workers", &DeleteParams::default())
+        .await
+        .expect("delete template");
+    let claims = f.env.api::<Metal3DataClaim>();
+    assert!(templates.get_opt("workers").await.unwrap().is_some());
+    for claim in ["m3m-0", "m3m-2", "m3m-3"] {
+        claims
+            .delete(claim, &DeleteParams::default())
+            .await
+            .expect("delete claim");
+    }
+    f.gone::<Metal3DataTemplate>("workers").await;
+    eventually("no IP claim left", WAIT, || async {
+        let ipclaims = f
+            .env
+            .api::<IPClaim>()
+            .list(&Default::default())
+            .await
+            .ok()?;
+        let capi = f
+            .env
+            .api::<IPAddressClaim>()
+            .list(&Default::default())
+            .await
+            .ok()?;
+        (ipclaims.items.is_empty() && capi.items.is_empty()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn host_keyed_claims_keep_preallocated_addresses_through_a_rolling_replacement() {
+    let Some(f) = Fixture::new("m3prealloc").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(f.ns(), &["--enable-bmh-name-based-preallocation"]);
+    f.pools(
+        json!({"node-0-m3pool": "192.168.111.115", "node-1-m3pool": "192.168.111.116", "node-2-m3pool": "192.168.111.117"}),
+        json!({"node-0-capipool": "10.0.0.25", "node-1-capipool": "10.0.0.26", "node-2-capipool": "10.0.0.27"}),
+    )
+    .await;
+    f.template().await;
+    for i in 0..3 {
+        f.host(&format!("node-{i}"), &format!("00:5c:52:31:3a:1{i}"))
+            .await;
+        f.machine(&format!("m3m-{i}"), &format!("node-{i}")).await;
+    }
+    let mut first = BTreeMap::new();
+    for i in 0..3 {
+        let data = f.ready_data(&format!("m3m-{i}")).await;
+        // Claims of both kinds are named after the host and labelled for release.
+        let m3 = f.metal3_address(&format!("node-{i}-m3pool")).await;
+        let capi = f.capi_address(&format!("node-{i}-capipool")).await;
+        assert_eq!(m3, format!("192.168.111.11{}", 5 + i));
+        assert_eq!(capi, format!("10.0.0.2{}", 5 + i));
+        let claim = f
+            .env
+            .api::<IPAddressClaim>()
+            .get(&format!("node-{i}-capipool"))
+            .await
+            .unwrap();
+        assert_eq!(claim.labels().get(DATA_NAME_LABEL), Some(&data.name_any()));
+        assert_eq!(
+            claim.labels().get(POOL_NAME_LABEL).map(String::as_str),
+            Some("capipool")
+        );
+        first.insert(i, (data.name_any(), m3, capi));
+    }
+
+    // Rolling replacement of node-0 with surge: the new Metal3Machine's data waits while the
+    // old one still owns the host's claims (never taken over), then gets the same addresses.
+    f.machine("m3m-0-new", "node-0").await;
+    let datas = f.env.api::<Metal3Data>();
+    let new_data = eventually("the new Metal3Data", WAIT, || async {
+        let claim = f.env.api::<Metal3DataClaim>().get("m3m-0-new").await.ok()?;
+        let name = claim.status?.rendered_data?.name?;
+        datas.get(&name).await.ok()
+    })
+    .await;
+    let old_data = &first[&0].0;
+    let held = f.env.api::<IPClaim>().get("node-0-m3pool").await.unwrap();
+    assert_eq!(held.labels().get(DATA_NAME_LABEL), Some(old_data));
+    assert!(!new_data.status.as_ref().is_some_and(|s| s.ready));
+
+    f.env
+        .api::<Metal3DataClaim>()
+        .delete("m3m-0", &DeleteParams::default())
+        .await
+        .expect("delete the old claim");
+    let replaced = f.ready_data("m3m-0-new").await;
+    assert_eq!(replaced.name_any(), new_data.name_any());
+    let m3 = f.metal3_address("node-0-m3pool").await;
+    let capi = f.capi_address("node-0-capipool").await;
+    assert_eq!(
+        (m3.as_str(), capi.as_str()),
+        (first[&0].1.as_str(), first[&0].2.as_str())
+    );
+    let network = f.secret_text("m3m-0-new-networkdata", "networkData").await;
+    assert!(
+        network.contains(&format!("ip_address: {m3}\n")),
+        "{network}"
+    );
+    assert!(
+        network.contains(&format!("ip_address: {capi}\n")),
+        "{network}"
+    );
+}
+
+#[tokio::test]
+async fn a_template_error_is_reported_on_the_metal3_data() {
+    let Some(f) = Fixture::new("m3dataerr").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(f.ns(), &[]);
+    f.pools(json!({}), json!({})).await;
+    // The same pool name as a CAPI pool and (by a name-only field) a Metal3 pool.
+    f.create::<Metal3DataTemplate>(json!({
+        "metadata": {"name": "workers", "namespace": f.ns(), "labels": f.labels()},
+        "spec": {
+            "clusterName": CLUSTER,
+            "metaData": {"ipAddressesFromIPPool": [{"key": "ip", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"}]},
+            "networkData": {"services": {"dnsFromIPPool": "capipool"}},
+        }
+    }))
+    .await;
+    f.host("node-0", "00:5c:52:31:3a:20").await;
+    f.machine("m3m-0", "node-0").await;
+    let datas = f.env.api::<Metal3Data>();
+    let message = eventually("an error message", WAIT, || async {
+        datas.get("workers-0").await.ok()?.status?.error_message
+    })
+    .await;
+    assert!(
+        message.contains("multiple references with the same name but different resource types"),
+        "{message}"
+    );
+    assert!(
+        f.env
+            .api::<IPClaim>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
