@@ -123,8 +123,9 @@ impl Fixture {
         .await;
     }
 
-    /// A template written for CAPM3, plus a network on the InClusterIPPool by `fromPoolRef` and
-    /// one on a pool named by a BareMetalHost annotation.
+    /// A template written for CAPM3, plus a network on the InClusterIPPool by `fromPoolRef` (its
+    /// DNS servers by bitpool's `dnsFromPoolRef`) and one on a pool named by a BareMetalHost
+    /// annotation.
     async fn template(&self) {
         let capi_ref = json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "capipool"});
         self.create::<Metal3DataTemplate>(json!({
@@ -138,7 +139,10 @@ impl Fixture {
                         {"key": "ip", "name": "m3pool", "apiGroup": "ipam.metal3.io", "kind": "IPPool"},
                         {"key": "capi_ip", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"},
                     ],
-                    "dnsServersFromIPPool": [{"key": "dns", "name": "m3pool", "apiGroup": "", "kind": ""}],
+                    "dnsServersFromIPPool": [
+                        {"key": "dns", "name": "m3pool", "apiGroup": "", "kind": ""},
+                        {"key": "capi_dns", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"},
+                    ],
                 },
                 "networkData": {
                     "links": {"ethernets": [{"type": "phy", "id": "enp1s0", "mtu": 1500, "macAddress": {"fromHostInterface": "enp1s0"}}]},
@@ -146,7 +150,7 @@ impl Fixture {
                         {"id": "prov", "link": "enp1s0", "ipAddressFromIPPool": "m3pool",
                          "routes": [{"network": "0.0.0.0", "prefix": 0, "gateway": {"fromIPPool": "m3pool"}}]},
                         {"id": "capi", "link": "enp1s0", "fromPoolRef": capi_ref,
-                         "routes": [{"network": "10.1.0.0", "prefix": 16, "gateway": {"fromPoolRef": capi_ref}, "services": {"dns": ["8.8.8.8"]}}]},
+                         "routes": [{"network": "10.1.0.0", "prefix": 16, "gateway": {"fromPoolRef": capi_ref}, "services": {"dns": ["8.8.8.8"], "dnsFromPoolRef": capi_ref}}]},
                         {"id": "ann", "link": "enp1s0", "fromPoolAnnotation": {"object": "baremetalhost", "annotation": "example.com/pool"}},
                     ]},
                     "services": {"dnsFromIPPool": "m3pool"},
@@ -336,6 +340,8 @@ networks:
     services:
     - address: 8.8.8.8
       type: dns
+    - address: 10.0.0.53
+      type: dns
   type: ipv4
 - id: ann
   ip_address: {ann}
@@ -421,7 +427,7 @@ async fn three_hosts_get_rendered_data_from_metal3_and_in_cluster_pools_and_rele
         assert_eq!(
             meta,
             format!(
-                "capi_ip: {capi}\ndns: 192.168.111.1\nindex: node{}\nip: {m3}\nname: machine-{claim}\nproviderid: {}/node-{i}/{claim}\n",
+                "capi_dns: 10.0.0.53\ncapi_ip: {capi}\ndns: 192.168.111.1\nindex: node{}\nip: {m3}\nname: machine-{claim}\nproviderid: {}/node-{i}/{claim}\n",
                 100 + data.spec.index,
                 f.ns()
             )

@@ -141,7 +141,7 @@ networkData:
       - network: "::"
         prefix: 0
         gateway: {fromPoolRef: {apiGroup: ipam.cluster.x-k8s.io, kind: InClusterIPPool, name: v6pool}}
-        services: {dns: ["2001:db8::53"]}
+        services: {dns: ["2001:db8::53"], dnsFromPoolRef: {apiGroup: ipam.cluster.x-k8s.io, kind: InClusterIPPool, name: v6pool}}
     ipv4DHCP:
     - {id: dhcp4, link: eth0}
     ipv6DHCP:
@@ -155,7 +155,7 @@ networkData:
     );
     let pools = PoolAddresses::from([(
         "v6pool".into(),
-        address("2001:db8::10", 64, "2001:db8::1", &[]),
+        address("2001:db8::10", 64, "2001:db8::1", &["2001:db8::54"]),
     )]);
     let expected = r#"links:
 - bond_lacp_rate: fast
@@ -196,6 +196,8 @@ networks:
     network: '::'
     services:
     - address: 2001:db8::53
+      type: dns
+    - address: 2001:db8::54
       type: dns
   type: ipv6
 - id: dhcp4

@@ -489,7 +489,7 @@ pub struct NetworkGateway<F: AddressFamily> {
     pub family: std::marker::PhantomData<F>,
 }
 
-/// DNS servers, static or from a Metal3 IPPool by name.
+/// DNS servers, static, from a Metal3 IPPool by name, or from a pool of any kind.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", bound = "")]
 #[schemars(bound = "F: AddressFamily")]
@@ -503,6 +503,10 @@ pub struct NetworkServices<F: AddressFamily> {
         skip_serializing_if = "Option::is_none"
     )]
     pub dns_from_ip_pool: Option<String>,
+    /// bitpool extension: the DNS servers of a pool of any kind, e.g. an InClusterIPPool's
+    /// `dnsServers` (a name-only `dnsFromIPPool` always means a Metal3 IPPool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_from_pool_ref: Option<PoolRef>,
     #[serde(skip)]
     pub family: std::marker::PhantomData<F>,
 }

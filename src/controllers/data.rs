@@ -54,7 +54,8 @@ pub async fn reconcile(data: Arc<Metal3Data>, ctx: Arc<Context>) -> Result<Actio
         return release(&data, &ctx, &api).await;
     }
     if paused(&data, &ctx) {
-        return Ok(Action::await_change());
+        // Unpausing a Cluster does not touch its Metal3Data: look again later.
+        return Ok(Action::requeue(RETRY_FAILED));
     }
     if objects::add_finalizer(&api, &data, DATA_FINALIZER).await? == FinalizerPatch::Stale {
         return Ok(Action::requeue(Duration::from_secs(1)));

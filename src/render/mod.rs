@@ -451,6 +451,9 @@ fn dns_services<F: AddressFamily>(
     if let Some(name) = &services.dns_from_ip_pool {
         servers.extend(&pool(pools, name)?.dns_servers);
     }
+    if let Some(reference) = &services.dns_from_pool_ref {
+        servers.extend(&pool(pools, &reference.name)?.dns_servers);
+    }
     Ok(servers
         .into_iter()
         .map(|address| {

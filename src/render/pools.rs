@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::{Host, RenderError};
 use crate::api::metal3_data::{
     AddressFamily, FromPoolAnnotation, Metal3DataTemplateSpec, NetworkGateway, NetworkRoute,
-    PoolRef, StaticNetwork,
+    NetworkServices, PoolRef, StaticNetwork,
 };
 use crate::api::metal3_ipam;
 
@@ -92,6 +92,17 @@ impl Collected {
         }
     }
 
+    fn add_services<F: AddressFamily>(
+        &mut self,
+        services: &NetworkServices<F>,
+    ) -> Result<(), RenderError> {
+        self.add_name(services.dns_from_ip_pool.as_ref())?;
+        match &services.dns_from_pool_ref {
+            Some(reference) => self.add(reference.into()),
+            None => Ok(()),
+        }
+    }
+
     fn add_routes<F: AddressFamily>(
         &mut self,
         routes: &[NetworkRoute<F>],
@@ -102,7 +113,7 @@ impl Collected {
                 self.add(reference)?;
             }
             if let Some(services) = &route.services {
-                self.add_name(services.dns_from_ip_pool.as_ref())?;
+                self.add_services(services)?;
             }
         }
         Ok(())
@@ -243,7 +254,7 @@ pub fn referenced_pools(
             }
         }
         if let Some(services) = &network.services {
-            pools.add_name(services.dns_from_ip_pool.as_ref())?;
+            pools.add_services(services)?;
         }
     }
     Ok(pools.0)
