@@ -182,6 +182,12 @@ impl Fixture {
 
     /// A CAPI Machine, its Metal3Machine on `host`, and the Metal3DataClaim CAPM3 would create.
     async fn machine(&self, name: &str, host: &str) {
+        let uid = self.metal3_machine(name, host).await;
+        self.data_claim(name, &uid).await;
+    }
+
+    /// A CAPI Machine and its Metal3Machine on `host`; returns the Metal3Machine's UID.
+    async fn metal3_machine(&self, name: &str, host: &str) -> String {
         let ns = self.ns();
         let machine = self
             .create_dynamic(
@@ -209,11 +215,16 @@ impl Fixture {
                 }),
             )
             .await;
+        m3m.uid().expect("the server sets a UID")
+    }
+
+    /// The Metal3DataClaim CAPM3 creates for a Metal3Machine.
+    async fn data_claim(&self, name: &str, metal3_machine_uid: &str) {
         self.create::<Metal3DataClaim>(json!({
             "metadata": {
-                "name": name, "namespace": ns, "labels": self.labels(),
+                "name": name, "namespace": self.ns(), "labels": self.labels(),
                 "ownerReferences": [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
-                                     "name": name, "uid": m3m.uid(), "controller": true}],
+                                     "name": name, "uid": metal3_machine_uid, "controller": true}],
             },
             "spec": {"template": {"name": "workers"}},
         }))
@@ -620,5 +631,105 @@ async fn a_template_error_is_reported_on_the_metal3_data() {
             .unwrap()
             .items
             .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn two_racing_processes_and_a_kill_mid_burst_give_each_claim_one_index_and_one_data() {
+    let Some(f) = Fixture::new("m3datarace").await else {
+        return;
+    };
+    const HOSTS: usize = 10;
+    f.pools(json!({}), json!({})).await;
+    f.template().await;
+    let mut uids = vec![];
+    for i in 0..HOSTS {
+        f.host(&format!("node-{i}"), &format!("00:5c:52:31:3b:{i:02}"))
+            .await;
+        uids.push(
+            f.metal3_machine(&format!("m3m-{i}"), &format!("node-{i}"))
+                .await,
+        );
+    }
+    let mut doomed = Bitpool::start(f.ns(), &[]);
+    let _survivor = Bitpool::start(f.ns(), &[]);
+    // The burst: every claim at once, both processes racing for indexes and addresses.
+    let fixture = &f;
+    futures::future::join_all(
+        uids.iter()
+            .enumerate()
+            .map(|(i, uid)| async move { fixture.data_claim(&format!("m3m-{i}"), uid).await }),
+    )
+    .await;
+    let kill_at = 1 + rand::random::<u32>() as usize % 4;
+    let datas = f.env.api::<Metal3Data>();
+    let ready_at_kill = eventually("the first Metal3Data", WAIT, || async {
+        let list = datas.list(&Default::default()).await.ok()?;
+        (list.items.len() >= kill_at).then(|| {
+            list.items
+                .iter()
+                .filter(|d| d.status.as_ref().is_some_and(|s| s.ready))
+                .count()
+        })
+    })
+    .await;
+    doomed.kill();
+    assert!(
+        ready_at_kill < HOSTS,
+        "the kill came after the burst; the test proved nothing"
+    );
+
+    let mut claims_of_data = BTreeMap::new();
+    for i in 0..HOSTS {
+        let data = f.ready_data(&format!("m3m-{i}")).await;
+        assert_eq!(
+            data.spec.claim.name.as_deref(),
+            Some(format!("m3m-{i}").as_str())
+        );
+        claims_of_data.insert(data.spec.index, data.name_any());
+    }
+    let all = datas.list(&Default::default()).await.unwrap().items;
+    assert_eq!(
+        all.len(),
+        HOSTS,
+        "one Metal3Data per claim: {:?}",
+        all.iter().map(|d| d.name_any()).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        claims_of_data.keys().copied().collect::<Vec<_>>(),
+        (0..HOSTS as i64).collect::<Vec<_>>(),
+        "indexes are 0..{HOSTS}, each once"
+    );
+    let mut addresses = BTreeSet::new();
+    for data in claims_of_data.values() {
+        for address in [
+            f.metal3_address(&format!("{data}-m3pool")).await,
+            f.metal3_address(&format!("{data}-annpool")).await,
+            f.capi_address(&format!("{data}-capipool")).await,
+        ] {
+            assert!(
+                addresses.insert(address.clone()),
+                "{address} handed out twice"
+            );
+        }
+    }
+    let ipclaims = f
+        .env
+        .api::<IPClaim>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let capi_claims = f
+        .env
+        .api::<IPAddressClaim>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        (ipclaims.len(), capi_claims.len()),
+        (2 * HOSTS, HOSTS),
+        "one claim per pool and host"
     );
 }
