@@ -722,3 +722,82 @@ pub fn template_of(
         .or(namespace)?;
     Some(ObjectRef::new(name).within(ns))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn owned(owners: &[(&str, &str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            owner_references: Some(
+                owners
+                    .iter()
+                    .map(|(api_version, kind, name)| OwnerReference {
+                        api_version: api_version.to_string(),
+                        kind: kind.to_string(),
+                        name: name.to_string(),
+                        uid: format!("uid-{name}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn owners_match_kind_and_group_in_any_version() {
+        let meta = owned(&[
+            (
+                "infrastructure.cluster.x-k8s.io/v1beta2",
+                "Metal3Machine",
+                "m3m",
+            ),
+            ("other.example.com/v1", "Machine", "not-capi"),
+            ("cluster.x-k8s.io/v1beta1", "Machine", "capi"),
+        ]);
+        assert_eq!(
+            owner_named(&meta, "Metal3Machine", "infrastructure.cluster.x-k8s.io"),
+            Some("m3m")
+        );
+        assert_eq!(
+            owner_named(&meta, "Machine", "cluster.x-k8s.io"),
+            Some("capi")
+        );
+        assert_eq!(owner_named(&meta, "BareMetalHost", "metal3.io"), None);
+    }
+
+    #[test]
+    fn secret_names_default_from_the_metal3_machine_and_are_then_kept() {
+        let fresh = secret_ref(None, "m3m-0", "metadata", "ns");
+        assert_eq!(fresh.name.as_deref(), Some("m3m-0-metadata"));
+        assert_eq!(fresh.namespace.as_deref(), Some("ns"));
+        let kept = SecretReference {
+            name: Some("custom".into()),
+            namespace: Some("ns".into()),
+        };
+        assert_eq!(secret_ref(Some(&kept), "m3m-1", "metadata", "ns"), kept);
+        let empty = SecretReference::default();
+        assert_eq!(
+            secret_ref(Some(&empty), "m3m-1", "networkdata", "ns")
+                .name
+                .as_deref(),
+            Some("m3m-1-networkdata")
+        );
+    }
+
+    #[test]
+    fn claim_and_address_events_map_to_the_controlling_metal3_data() {
+        let mut meta = owned(&[(
+            "infrastructure.cluster.x-k8s.io/v1beta1",
+            "Metal3Data",
+            "t-0",
+        )]);
+        assert_eq!(owner_data(&meta), None, "no namespace, no reference");
+        meta.namespace = Some("ns".into());
+        assert_eq!(owner_data(&meta), Some(ObjectRef::new("t-0").within("ns")));
+        let claim_meta = owned(&[("ipam.metal3.io/v1alpha1", "IPPool", "p")]);
+        assert_eq!(owner_data(&claim_meta), None);
+    }
+}
