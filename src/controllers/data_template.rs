@@ -363,6 +363,58 @@ async fn write_indexes(
     }
 }
 
+/// Metal3DataClaims the template reconciler never sees: their template does not exist, or is in
+/// another namespace. They get an error message a person can act on, and a claim that is being
+/// deleted loses bitpool's finalizer so that it can go.
+pub async fn reconcile_claim(
+    claim: Arc<Metal3DataClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let namespace = claim
+        .namespace()
+        .ok_or_else(|| Error::MissingNamespace(claim.name_any()))?;
+    let template = claim.spec.template.name.clone().unwrap_or_default();
+    let problem = match claim.spec.template.namespace.as_deref() {
+        _ if template.is_empty() => Some("spec.template.name is required".to_string()),
+        Some(other) if !other.is_empty() && other != namespace => Some(format!(
+            "spec.template.namespace must be empty or {namespace}, not {other}"
+        )),
+        _ if ctx
+            .data_templates
+            .get(&kube::runtime::reflector::ObjectRef::new(&template).within(&namespace))
+            .is_none() =>
+        {
+            Some(format!("Metal3DataTemplate {template} not found"))
+        }
+        _ => None,
+    };
+    let Some(problem) = problem else {
+        return Ok(Action::await_change()); // the template's reconciler serves it
+    };
+    let claims: Api<Metal3DataClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    if claim.meta().deletion_timestamp.is_some() {
+        objects::remove_finalizer(&claims, &claim, DATA_CLAIM_FINALIZER).await?;
+        return Ok(Action::await_change());
+    }
+    let current = claim.status.as_ref().and_then(|s| s.error_message.as_ref());
+    if current != Some(&problem) {
+        let patch = json!({ "status": { "errorMessage": problem } });
+        match claims
+            .patch_status(
+                &claim.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+    Ok(Action::await_change())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

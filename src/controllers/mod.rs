@@ -331,6 +331,27 @@ pub async fn run(
         c.with_config(config.clone())
             .graceful_shutdown_on(stop_signal())
     });
+    let orphan_data_claims =
+        data_claims
+            .subscribe()
+            .zip(data_templates.subscribe())
+            .map(|(trigger, templates)| {
+                let ctx = ctx.clone();
+                Controller::for_shared_stream(trigger, data_claims.store.clone())
+                    .watches_shared_stream(templates, move |template| {
+                        let (namespace, name) = (&template.meta().namespace, &template.meta().name);
+                        ctx.data_claims
+                            .state()
+                            .into_iter()
+                            .filter(|c| {
+                                &c.meta().namespace == namespace && &c.spec.template.name == name
+                            })
+                            .map(|c| ObjectRef::from_obj(&*c))
+                            .collect::<Vec<_>>()
+                    })
+                    .with_config(config.clone())
+                    .graceful_shutdown_on(stop_signal())
+            });
     let data_controller = data_controller(&datas, &data_claims, &caches, &ctx).map(|c| {
         c.with_config(config.clone())
             .graceful_shutdown_on(stop_signal())
@@ -399,7 +420,12 @@ pub async fn run(
                 drive(c.run(data::reconcile, error_policy, ctx.clone())).await;
             }
         };
-        future::join(templates, datas).await;
+        let orphans = async {
+            if let Some(c) = orphan_data_claims {
+                drive(c.run(data_template::reconcile_claim, error_policy, ctx.clone())).await;
+            }
+        };
+        future::join3(templates, datas, orphans).await;
     };
     let stop_on_shutdown = async move {
         shutdown.await;
