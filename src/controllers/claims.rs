@@ -77,18 +77,7 @@ pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<
     if changed {
         let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
         let patch = serde_json::json!({ "status": { "conditions": status.conditions } });
-        match claims
-            .patch_status(
-                &claim.name_any(),
-                &Default::default(),
-                &kube::api::Patch::Merge(patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
+        objects::merge_status(&claims, &claim.name_any(), patch).await?;
     }
     Ok(Action::await_change())
 }

@@ -122,6 +122,8 @@ pub async fn reconcile(
             if let Some(data) = data {
                 objects::remove_finalizer(&datas, data, DATA_CLAIM_FINALIZER).await?;
                 delete_ignoring_missing(&datas, &data.name_any()).await?;
+                // Shared watches do not report deletions: look again for the indexes.
+                retry = true;
             }
             retry |= objects::remove_finalizer(&claims_api, claim, DATA_CLAIM_FINALIZER).await?
                 == FinalizerPatch::Stale;
@@ -151,9 +153,14 @@ pub async fn reconcile(
 
     write_indexes(&ctx, &template, &data_of_template).await?;
 
-    if deleting && data_of_template.is_empty() {
-        objects::remove_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?;
-        return Ok(Action::await_change());
+    if deleting {
+        if data_of_template.is_empty() {
+            objects::remove_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?;
+            return Ok(Action::await_change());
+        }
+        // The last Metal3Data's disappearance is not an event here (shared watches report no
+        // deletions), so poll until it is gone.
+        return Ok(Action::requeue(Duration::from_secs(2)));
     }
     Ok(if retry {
         Action::requeue(RETRY)

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -128,21 +128,15 @@ impl AnyClaim {
             AnyClaim::Metal3(claim) => metal3_status_patch(claim, outcome),
         };
         let Some(patch) = patch else { return Ok(()) };
-        let params = PatchParams::default();
-        let result = match self {
-            AnyClaim::Capi(c) => Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &ns)
-                .patch_status(&c.name_any(), &params, &Patch::Merge(patch))
-                .await
-                .map(|_| ()),
-            AnyClaim::Metal3(c) => Api::<IPClaim>::namespaced(ctx.client.clone(), &ns)
-                .patch_status(&c.name_any(), &params, &Patch::Merge(patch))
-                .await
-                .map(|_| ()),
-        };
-        match result {
-            Ok(()) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(Error::Kube(e)),
+        match self {
+            AnyClaim::Capi(c) => {
+                let api = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &ns);
+                objects::merge_status(&api, &c.name_any(), patch).await
+            }
+            AnyClaim::Metal3(c) => {
+                let api = Api::<IPClaim>::namespaced(ctx.client.clone(), &ns);
+                objects::merge_status(&api, &c.name_any(), patch).await
+            }
         }
     }
 }

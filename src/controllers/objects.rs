@@ -103,6 +103,25 @@ where
     set_finalizer(api, object, finalizer, false).await
 }
 
+/// Merge-patches `status` of `name`; an object deleted meanwhile needs no status.
+pub async fn merge_status<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }

@@ -736,18 +736,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         holders: &holders,
     };
     if let Some(patch) = pool.status_patch(&report) {
-        match pool_api
-            .patch_status(
-                &pool.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
+        objects::merge_status(&pool_api, &pool.name_any(), patch).await?;
     }
 
     let mut next = RESYNC;
