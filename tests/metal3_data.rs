@@ -479,11 +479,36 @@ async fn three_hosts_get_rendered_data_from_metal3_and_in_cluster_pools_and_rele
     })
     .await;
 
-    // A new host takes the lowest free index.
+    // A new host takes the lowest free index. Its secrets exist already (a re-provisioned host):
+    // they are kept as they are, never re-rendered.
+    for (name, key) in [
+        ("m3m-3-metadata", "metaData"),
+        ("m3m-3-networkdata", "networkData"),
+    ] {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": f.ns(), "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
+            "type": SECRET_TYPE,
+            "stringData": {key: "rendered: earlier\n"},
+        }))
+        .unwrap();
+        f.env
+            .api::<Secret>()
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
     f.host("node-3", "00:5c:52:31:3a:03").await;
     f.machine("m3m-3", "node-3").await;
     let data = f.ready_data("m3m-3").await;
     assert_eq!(data.spec.index, index_of_1);
+    assert_eq!(
+        f.secret_text("m3m-3-metadata", "metaData").await,
+        "rendered: earlier\n"
+    );
+    assert_eq!(
+        f.secret_text("m3m-3-networkdata", "networkData").await,
+        "rendered: earlier\n"
+    );
 
     // The template stays while Metal3Data use it, and goes with the last one.
     templates
