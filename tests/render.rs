@@ -376,6 +376,14 @@ fn rendering_errors_name_what_is_missing() {
         network_data(&missing_pool, &PoolAddresses::new()),
         Err(RenderError::PoolNotFound("gone".into()))
     );
+    let no_pool =
+        template("clusterName: c\nnetworkData: {networks: {ipv6: [{id: v6, link: l}]}}\n");
+    assert_eq!(
+        network_data(&no_pool, &PoolAddresses::new())
+            .unwrap_err()
+            .to_string(),
+        "network v6 names no pool: set fromPoolRef, ipAddressFromIPPool or fromPoolAnnotation"
+    );
 }
 
 #[test]

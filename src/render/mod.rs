@@ -36,6 +36,10 @@ pub enum RenderError {
     EmptyPoolAnnotation { annotation: String, object: String },
     #[error("multiple references with the same name but different resource types: {0}")]
     ConflictingPoolReferences(String),
+    #[error(
+        "network {0} names no pool: set fromPoolRef, ipAddressFromIPPool or fromPoolAnnotation"
+    )]
+    NetworkWithoutPool(String),
     #[error("invalid prefix {prefix} for pool {pool}")]
     BadPrefix { pool: String, prefix: i32 },
 }

@@ -204,9 +204,9 @@ pub fn network_pool<F: AddressFamily>(
     network: &StaticNetwork<F>,
     host: &Host,
 ) -> Result<String, RenderError> {
-    Ok(network_reference(network, Some(host))?
+    network_reference(network, Some(host))?
         .map(|r| r.name)
-        .unwrap_or_default())
+        .ok_or_else(|| RenderError::NetworkWithoutPool(network.id.clone()))
 }
 
 /// The name under which a gateway is looked up, if it comes from a pool.
