@@ -182,8 +182,12 @@ impl Fixture {
 
     /// A CAPI Machine, its Metal3Machine on `host`, and the Metal3DataClaim CAPM3 would create.
     async fn machine(&self, name: &str, host: &str) {
+        self.machine_on(name, host, "workers").await;
+    }
+
+    async fn machine_on(&self, name: &str, host: &str, template: &str) {
         let uid = self.metal3_machine(name, host).await;
-        self.data_claim(name, &uid).await;
+        self.data_claim_on(name, &uid, template).await;
     }
 
     /// A CAPI Machine and its Metal3Machine on `host`; returns the Metal3Machine's UID.
@@ -220,13 +224,18 @@ impl Fixture {
 
     /// The Metal3DataClaim CAPM3 creates for a Metal3Machine.
     async fn data_claim(&self, name: &str, metal3_machine_uid: &str) {
+        self.data_claim_on(name, metal3_machine_uid, "workers")
+            .await;
+    }
+
+    async fn data_claim_on(&self, name: &str, metal3_machine_uid: &str, template: &str) {
         self.create::<Metal3DataClaim>(json!({
             "metadata": {
                 "name": name, "namespace": self.ns(), "labels": self.labels(),
                 "ownerReferences": [{"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
                                      "name": name, "uid": metal3_machine_uid, "controller": true}],
             },
-            "spec": {"template": {"name": "workers"}},
+            "spec": {"template": {"name": template}},
         }))
         .await;
     }
@@ -757,4 +766,62 @@ async fn two_racing_processes_and_a_kill_mid_burst_give_each_claim_one_index_and
         (2 * HOSTS, HOSTS),
         "one claim per pool and host"
     );
+}
+
+#[tokio::test]
+async fn exhausted_pools_are_reported_on_the_metal3_data_and_retried() {
+    let Some(f) = Fixture::new("m3dataexhaust").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(f.ns(), &[]);
+    f.pools(json!({}), json!({})).await;
+    f.create::<IPPool>(json!({
+        "metadata": {"name": "tiny-m3", "namespace": f.ns(), "labels": f.labels()},
+        "spec": {"namePrefix": "tiny", "pools": [{"start": "192.168.200.10", "end": "192.168.200.10"}], "prefix": 24},
+    }))
+    .await;
+    f.create::<Metal3DataTemplate>(json!({
+        "metadata": {"name": "tiny", "namespace": f.ns(), "labels": f.labels()},
+        "spec": {
+            "clusterName": CLUSTER,
+            "metaData": {"ipAddressesFromIPPool": [{"key": "ip", "name": "tiny-m3", "apiGroup": "ipam.metal3.io", "kind": "IPPool"}]},
+        }
+    }))
+    .await;
+    for i in 0..2 {
+        f.host(&format!("node-{i}"), &format!("00:5c:52:31:3c:0{i}"))
+            .await;
+        f.machine_on(&format!("m3m-{i}"), &format!("node-{i}"), "tiny")
+            .await;
+        if i == 0 {
+            f.ready_data("m3m-0").await;
+        }
+    }
+    let claims = f.env.api::<Metal3DataClaim>();
+    let datas = f.env.api::<Metal3Data>();
+    let message = eventually("the exhaustion message", WAIT, || async {
+        let name = claims
+            .get("m3m-1")
+            .await
+            .ok()?
+            .status?
+            .rendered_data?
+            .name?;
+        datas.get(&name).await.ok()?.status?.error_message
+    })
+    .await;
+    assert_eq!(
+        message,
+        "IP Allocation for tiny-m3 failed : Exhausted IP Pools"
+    );
+
+    // Upstream leaves this Metal3Data failed for good; here the address freed by m3m-0 serves it.
+    claims
+        .delete("m3m-0", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    let data = f.ready_data("m3m-1").await;
+    assert_eq!(data.status.and_then(|s| s.error_message), None);
+    let meta = f.secret_text("m3m-1-metadata", "metaData").await;
+    assert!(meta.starts_with("ip: 192.168.200.10\n"), "{meta}");
 }
