@@ -63,6 +63,10 @@ pub fn to_string(value: &Value) -> String {
 /// go-yaml's map key order: letters after other characters, runs of digits by number.
 pub fn key_order(a: &str, b: &str) -> Ordering {
     let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    chars_order(&a, &b)
+}
+
+fn chars_order(a: &[char], b: &[char]) -> Ordering {
     for i in 0..a.len().min(b.len()) {
         if a[i] == b[i] {
             continue;
@@ -97,7 +101,7 @@ pub fn key_order(a: &str, b: &str) -> Ordering {
             }
             (n, end)
         };
-        let ((an, a_end), (bn, b_end)) = (number(&a), number(&b));
+        let ((an, a_end), (bn, b_end)) = (number(a), number(b));
         if an != bn {
             return an.cmp(&bn);
         }
@@ -231,15 +235,18 @@ impl Emitter {
         // go-yaml's order is not a total order for some digit runs, so sort as Go's insertion
         // sort does (what Go uses for the map sizes seen here) rather than with a sort that
         // assumes one.
-        let mut sorted: Vec<&(String, Value)> = entries.iter().collect();
+        let mut sorted: Vec<(Vec<char>, &(String, Value))> = entries
+            .iter()
+            .map(|entry| (entry.0.chars().collect(), entry))
+            .collect();
         for i in 1..sorted.len() {
             let mut j = i;
-            while j > 0 && key_order(&sorted[j].0, &sorted[j - 1].0) == Ordering::Less {
+            while j > 0 && chars_order(&sorted[j].0, &sorted[j - 1].0) == Ordering::Less {
                 sorted.swap(j, j - 1);
                 j -= 1;
             }
         }
-        for (key, value) in sorted {
+        for (_, (key, value)) in sorted {
             self.write_indent(indent);
             self.node(&Value::Str(key.clone()), indent, Context::MappingKey);
             self.indicator(":", false, false, false);
