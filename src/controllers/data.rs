@@ -218,78 +218,15 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
         .map_err(Error::Kube)?;
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let meta_missing = match &meta_ref {
-        Some(r) => get(secrets.clone(), r.name.as_deref().unwrap_or_default())
-            .await?
-            .is_none(),
-        None => false,
-    };
-    let network_missing = match &network_ref {
-        Some(r) => get(secrets.clone(), r.name.as_deref().unwrap_or_default())
-            .await?
-            .is_none(),
-        None => false,
-    };
+    let meta_missing = secret_missing(&secrets, meta_ref.as_ref()).await?;
+    let network_missing = secret_missing(&secrets, network_ref.as_ref()).await?;
     if !meta_missing && !network_missing {
         return Ok(Step::Ready);
     }
 
-    let Some(machine_owner) = owner_named(metal3_machine.meta(), "Machine", "cluster.x-k8s.io")
-    else {
-        return Ok(Step::Waiting(format!(
-            "waiting for the Machine controller to set the owner of Metal3Machine {}",
-            metal3_machine.name_any()
-        )));
-    };
-    let Some(machine) = get(
-        Api::<Machine>::namespaced(client.clone(), &namespace),
-        machine_owner,
-    )
-    .await?
-    else {
-        return Ok(Step::Waiting(format!("Machine {machine_owner} not found")));
-    };
-    // The annotation's namespace part is ignored: the host is in the Metal3Machine's namespace.
-    let Some(host_name) = metal3_machine
-        .annotations()
-        .get(BARE_METAL_HOST_ANNOTATION)
-        .and_then(|a| a.rsplit('/').next())
-        .filter(|n| !n.is_empty())
-        .map(str::to_string)
-    else {
-        return Ok(Step::Waiting(format!(
-            "Metal3Machine {} has no {BARE_METAL_HOST_ANNOTATION} annotation yet",
-            metal3_machine.name_any()
-        )));
-    };
-    let Some(bare_metal_host) = get(
-        Api::<BareMetalHost>::namespaced(client.clone(), &namespace),
-        &host_name,
-    )
-    .await?
-    else {
-        return Ok(Step::Waiting(format!(
-            "BareMetalHost {host_name} not found"
-        )));
-    };
-    let host = Host {
-        namespace: namespace.clone(),
-        index: data.spec.index,
-        metal3_machine: facts(metal3_machine.meta()),
-        machine: facts(machine.meta()),
-        bare_metal_host: facts(bare_metal_host.meta()),
-        nics: bare_metal_host
-            .status
-            .as_ref()
-            .and_then(|s| s.hardware.as_ref())
-            .filter(|h| !h.nics.is_empty())
-            .map(|h| {
-                h.nics
-                    .iter()
-                    .map(|n| (n.name.clone(), n.mac.clone()))
-                    .collect()
-            }),
-        boot_mac: bare_metal_host.spec.boot_mac_address.clone(),
+    let (host, host_name) = match resolve_host(client, &namespace, data, &metal3_machine).await? {
+        Ok(found) => found,
+        Err(step) => return Ok(step),
     };
 
     let references = match render::referenced_pools(&template.spec, Some(&host)) {
@@ -340,6 +277,87 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
     }
     tracing::info!(data = %data.name_any(), "rendered metaData and networkData");
     Ok(Step::Ready)
+}
+
+/// The host a Metal3Data renders for: its Metal3Machine's Machine and BareMetalHost, with the
+/// host's name; or why they cannot be found yet.
+async fn resolve_host(
+    client: &kube::Client,
+    namespace: &str,
+    data: &Metal3Data,
+    metal3_machine: &Metal3Machine,
+) -> Result<Result<(Host, String), Step>, Error> {
+    let Some(machine_owner) = owner_named(metal3_machine.meta(), "Machine", "cluster.x-k8s.io")
+    else {
+        return Ok(Err(Step::Waiting(format!(
+            "waiting for the Machine controller to set the owner of Metal3Machine {}",
+            metal3_machine.name_any()
+        ))));
+    };
+    let Some(machine) = get(
+        Api::<Machine>::namespaced(client.clone(), namespace),
+        machine_owner,
+    )
+    .await?
+    else {
+        return Ok(Err(Step::Waiting(format!(
+            "Machine {machine_owner} not found"
+        ))));
+    };
+    // The annotation's namespace part is ignored: the host is in the Metal3Machine's namespace.
+    let Some(host_name) = metal3_machine
+        .annotations()
+        .get(BARE_METAL_HOST_ANNOTATION)
+        .and_then(|a| a.rsplit('/').next())
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+    else {
+        return Ok(Err(Step::Waiting(format!(
+            "Metal3Machine {} has no {BARE_METAL_HOST_ANNOTATION} annotation yet",
+            metal3_machine.name_any()
+        ))));
+    };
+    let Some(bare_metal_host) = get(
+        Api::<BareMetalHost>::namespaced(client.clone(), namespace),
+        &host_name,
+    )
+    .await?
+    else {
+        return Ok(Err(Step::Waiting(format!(
+            "BareMetalHost {host_name} not found"
+        ))));
+    };
+    let host = Host {
+        namespace: namespace.to_string(),
+        index: data.spec.index,
+        metal3_machine: facts(metal3_machine.meta()),
+        machine: facts(machine.meta()),
+        bare_metal_host: facts(bare_metal_host.meta()),
+        nics: bare_metal_host
+            .status
+            .as_ref()
+            .and_then(|s| s.hardware.as_ref())
+            .filter(|h| !h.nics.is_empty())
+            .map(|h| {
+                h.nics
+                    .iter()
+                    .map(|n| (n.name.clone(), n.mac.clone()))
+                    .collect()
+            }),
+        boot_mac: bare_metal_host.spec.boot_mac_address.clone(),
+    };
+    Ok(Ok((host, host_name)))
+}
+
+/// Whether a wanted secret is still to be written (`None`: the template renders no such data).
+async fn secret_missing(
+    secrets: &Api<Secret>,
+    reference: Option<&SecretReference>,
+) -> Result<bool, Error> {
+    match reference.and_then(|r| r.name.as_deref()) {
+        Some(name) => Ok(get(secrets.clone(), name).await?.is_none()),
+        None => Ok(false),
+    }
 }
 
 fn secret_ref(
@@ -709,7 +727,7 @@ pub fn data_of_claim(claim: &Metal3DataClaim) -> Option<ObjectRef<Metal3Data>> {
     Some(ObjectRef::new(name).within(claim.meta().namespace.as_deref()?))
 }
 
-/// Used by the template controller's trigger on Metal3DataTemplate changes.
+/// The template a Metal3DataClaim or Metal3Data names (an empty namespace means its own).
 pub fn template_of(
     reference: &ObjectReference,
     namespace: Option<&str>,

@@ -332,26 +332,10 @@ pub async fn run(
             .graceful_shutdown_on(stop_signal())
     });
     let orphan_data_claims =
-        data_claims
-            .subscribe()
-            .zip(data_templates.subscribe())
-            .map(|(trigger, templates)| {
-                let ctx = ctx.clone();
-                Controller::for_shared_stream(trigger, data_claims.store.clone())
-                    .watches_shared_stream(templates, move |template| {
-                        let (namespace, name) = (&template.meta().namespace, &template.meta().name);
-                        ctx.data_claims
-                            .state()
-                            .into_iter()
-                            .filter(|c| {
-                                &c.meta().namespace == namespace && &c.spec.template.name == name
-                            })
-                            .map(|c| ObjectRef::from_obj(&*c))
-                            .collect::<Vec<_>>()
-                    })
-                    .with_config(config.clone())
-                    .graceful_shutdown_on(stop_signal())
-            });
+        orphan_data_claim_controller(&data_claims, &data_templates, &ctx).map(|c| {
+            c.with_config(config.clone())
+                .graceful_shutdown_on(stop_signal())
+        });
     let data_controller = data_controller(&datas, &data_claims, &caches, &ctx).map(|c| {
         c.with_config(config.clone())
             .graceful_shutdown_on(stop_signal())
@@ -561,6 +545,28 @@ fn template_controller(
             })
             .watches_shared_stream(datas.subscribe()?, |d| {
                 data::template_of(&d.spec.template, d.meta().namespace.as_deref())
+            }),
+    )
+}
+
+/// Metal3DataClaims whose template is missing (see [`data_template::reconcile_claim`]),
+/// triggered again when a template of their name appears.
+fn orphan_data_claim_controller(
+    data_claims: &Shared<Metal3DataClaim>,
+    templates: &Shared<Metal3DataTemplate>,
+    ctx: &Arc<Context>,
+) -> Option<Controller<Metal3DataClaim>> {
+    let ctx = ctx.clone();
+    Some(
+        Controller::for_shared_stream(data_claims.subscribe()?, data_claims.store.clone())
+            .watches_shared_stream(templates.subscribe()?, move |template| {
+                let (namespace, name) = (&template.meta().namespace, &template.meta().name);
+                ctx.data_claims
+                    .state()
+                    .into_iter()
+                    .filter(|c| &c.meta().namespace == namespace && &c.spec.template.name == name)
+                    .map(|c| ObjectRef::from_obj(&*c))
+                    .collect::<Vec<_>>()
             }),
     )
 }
