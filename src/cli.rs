@@ -358,3 +358,31 @@ async fn shutdown_signal() {
         _ = terminate => {},
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn preallocation(args: &[&str]) -> bool {
+        let cli = Cli::try_parse_from(["bitpool", "run"].iter().chain(args))
+            .expect("the arguments parse");
+        match cli.command {
+            Command::Run(run) => run.enable_bmh_name_based_preallocation,
+            _ => unreachable!("parsed as run"),
+        }
+    }
+
+    #[test]
+    fn bmh_name_based_preallocation_takes_capm3s_flag_spellings() {
+        assert!(!preallocation(&[]));
+        assert!(preallocation(&["--enable-bmh-name-based-preallocation"]));
+        assert!(preallocation(&[
+            "--enable-bmh-name-based-preallocation=true"
+        ]));
+        assert!(!preallocation(&[
+            "--enable-bmh-name-based-preallocation=false"
+        ]));
+        // The spelling of CAPM3 before v1.13.
+        assert!(preallocation(&["--enableBMHNameBasedPreallocation=true"]));
+    }
+}
