@@ -97,18 +97,7 @@ async fn write_status(
         return Ok(());
     }
     let patch = json!({ "status": { "ready": ready, "errorMessage": error } });
-    match api
-        .patch_status(
-            &data.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
-    }
+    objects::merge_status(api, &data.name_any(), patch).await
 }
 
 /// `Some(object)`, `None` when it does not exist.

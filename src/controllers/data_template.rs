@@ -339,35 +339,20 @@ async fn write_indexes(
         .filter(|d| d.meta().deletion_timestamp.is_none())
         .filter_map(|d| Some((d.spec.claim.name.clone()?, d.spec.index)))
         .collect();
-    let current = template.status.as_ref().map(|s| &s.indexes);
-    if current == Some(&indexes) || (current.is_none() && indexes.is_empty()) {
+    let current = template
+        .status
+        .as_ref()
+        .map(|s| s.indexes.clone())
+        .unwrap_or_default();
+    if current == indexes {
         return Ok(());
     }
     let api: Api<Metal3DataTemplate> = Api::namespaced(
         ctx.client.clone(),
         &template.namespace().unwrap_or_default(),
     );
-    // A merge patch cannot remove map keys it does not name, so name the removed ones as null.
-    let mut patch_indexes = serde_json::Map::new();
-    for old in current.into_iter().flat_map(|m| m.keys()) {
-        patch_indexes.insert(old.clone(), serde_json::Value::Null);
-    }
-    for (claim, index) in &indexes {
-        patch_indexes.insert(claim.clone(), json!(index));
-    }
-    let patch = json!({ "status": { "indexes": patch_indexes, "lastUpdated": objects::now() } });
-    match api
-        .patch_status(
-            &template.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
-    }
+    let patch = objects::indexes_patch(&current, &indexes, objects::now());
+    objects::merge_status(&api, &template.name_any(), patch).await
 }
 
 /// Metal3DataClaims the template reconciler never sees: their template does not exist, or is in
@@ -406,18 +391,7 @@ pub async fn reconcile_claim(
     let current = claim.status.as_ref().and_then(|s| s.error_message.as_ref());
     if current != Some(&problem) {
         let patch = json!({ "status": { "errorMessage": problem } });
-        match claims
-            .patch_status(
-                &claim.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
+        objects::merge_status(&claims, &claim.name_any(), patch).await?;
     }
     Ok(Action::await_change())
 }

@@ -232,23 +232,12 @@ impl PoolDialect for IPPool {
         } else {
             objects::now()
         };
-        Some(indexes_patch(&status.indexes, &indexes, last_updated))
+        Some(objects::indexes_patch(
+            &status.indexes,
+            &indexes,
+            last_updated,
+        ))
     }
-}
-
-/// The status patch that makes `status.indexes` equal `next`. A merge patch merges maps, so
-/// claims no longer listed are written as null.
-pub(super) fn indexes_patch(
-    current: &BTreeMap<String, String>,
-    next: &BTreeMap<String, String>,
-    last_updated: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
-) -> serde_json::Value {
-    let mut indexes: serde_json::Map<String, serde_json::Value> = current
-        .keys()
-        .map(|k| (k.clone(), serde_json::Value::Null))
-        .collect();
-    indexes.extend(next.iter().map(|(k, v)| (k.clone(), json!(v))));
-    json!({ "status": { "indexes": indexes, "lastUpdated": last_updated } })
 }
 
 /// A Metal3 IPAddress for `ipclaim` from `pool`, as upstream writes it: named

@@ -122,6 +122,22 @@ where
     }
 }
 
+/// The status patch that makes `status.indexes` (claim name → index, on Metal3 IPPools and
+/// Metal3DataTemplates) equal `next`. A merge patch merges maps, so claims no longer listed are
+/// written as null.
+pub fn indexes_patch<V: serde::Serialize>(
+    current: &BTreeMap<String, V>,
+    next: &BTreeMap<String, V>,
+    last_updated: Time,
+) -> serde_json::Value {
+    let mut indexes: serde_json::Map<String, serde_json::Value> = current
+        .keys()
+        .map(|k| (k.clone(), serde_json::Value::Null))
+        .collect();
+    indexes.extend(next.iter().map(|(k, v)| (k.clone(), json!(v))));
+    json!({ "status": { "indexes": indexes, "lastUpdated": last_updated } })
+}
+
 pub fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }

@@ -18,7 +18,7 @@ use serde_json::json;
 use super::Context;
 use super::error::Error;
 use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
-use super::metal3::{indexes_patch, metal3_address};
+use super::metal3::metal3_address;
 use super::objects::{self, FinalizerPatch};
 use super::pool::{self, PoolDialect, PoolKey};
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
@@ -230,7 +230,7 @@ async fn reconcile_proxy(
     }
     let status = pool.status.clone().unwrap_or_default();
     if status.indexes != indexes {
-        let patch = indexes_patch(&status.indexes, &indexes, objects::now());
+        let patch = objects::indexes_patch(&status.indexes, &indexes, objects::now());
         pools
             .patch_status(
                 &pool.name_any(),
