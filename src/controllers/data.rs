@@ -13,7 +13,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret, SecretReference};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -428,63 +428,88 @@ async fn ensure_claim(
     } else {
         &own_name
     };
+    let names = ClaimNames {
+        candidates: [&own_name, &host_keyed],
+        preferred,
+        namespace: &namespace,
+    };
+    let pool = &reference.name;
     match reference.kind() {
         PoolKind::Metal3 => {
-            let store = &ctx.ipclaims;
-            let find = |name: &str| store.get(&ObjectRef::new(name).within(&namespace));
-            let ours = [&own_name, &host_keyed]
-                .into_iter()
-                .filter_map(|n| find(n))
-                .find(|c| owned_by(c.meta(), data));
-            if let Some(claim) = ours {
-                return Ok(metal3_address(ctx, &claim, &reference.name));
-            }
-            let api: Api<IPClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-            if let Some(other) = find(preferred) {
-                return earlier_claim(&api, &*other).await;
-            }
-            let claim = IPClaim {
-                metadata: claim_meta(data, preferred, &reference.name),
+            let read = |claim: &IPClaim| metal3_address(ctx, claim, pool);
+            let new = |metadata| IPClaim {
+                metadata,
                 spec: IPClaimSpec {
                     pool: ObjectReference {
-                        name: Some(reference.name.clone()),
+                        name: Some(pool.clone()),
                         namespace: Some(namespace.clone()),
                         ..Default::default()
                     },
                 },
                 status: None,
             };
-            create_claim(&api, &claim, &reference.name).await
+            claim_of_pool(data, ctx, &ctx.ipclaims, &names, pool, read, new).await
         }
         PoolKind::Capi => {
-            let store = &ctx.claims;
-            let find = |name: &str| store.get(&ObjectRef::new(name).within(&namespace));
-            let ours = [&own_name, &host_keyed]
-                .into_iter()
-                .filter_map(|n| find(n))
-                .find(|c| owned_by(c.meta(), data));
-            if let Some(claim) = ours {
-                return Ok(capi_address(ctx, &claim, reference));
-            }
-            let api: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-            if let Some(other) = find(preferred) {
-                return earlier_claim(&api, &*other).await;
-            }
-            let claim = IPAddressClaim {
-                metadata: claim_meta(data, preferred, &reference.name),
+            let read = |claim: &IPAddressClaim| capi_address(ctx, claim, reference);
+            let new = |metadata| IPAddressClaim {
+                metadata,
                 spec: IPAddressClaimSpec {
                     cluster_name: data.labels().get(labels::CLUSTER_NAME).cloned(),
                     pool_ref: IPPoolReference {
-                        name: reference.name.clone(),
+                        name: pool.clone(),
                         kind: reference.kind.clone(),
                         api_group: reference.api_group.clone(),
                     },
                 },
                 status: None,
             };
-            create_claim(&api, &claim, &reference.name).await
+            claim_of_pool(data, ctx, &ctx.claims, &names, pool, read, new).await
         }
     }
+}
+
+/// Where a Metal3Data's claim for one pool may be: under its own name or the host-keyed one
+/// (the mode may have changed since the claim was made); new claims take `preferred`.
+struct ClaimNames<'a> {
+    candidates: [&'a String; 2],
+    preferred: &'a String,
+    namespace: &'a str,
+}
+
+/// The claim of either kind: the one this Metal3Data owns is read; a claim of the preferred name
+/// owned by another is waited for; otherwise `new` is created under the preferred name.
+async fn claim_of_pool<K>(
+    data: &Metal3Data,
+    ctx: &Context,
+    store: &Store<K>,
+    names: &ClaimNames<'_>,
+    pool: &str,
+    read: impl FnOnce(&K) -> ClaimState,
+    new: impl FnOnce(ObjectMeta) -> K,
+) -> Result<ClaimState, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let find = |name: &str| store.get(&ObjectRef::new(name).within(names.namespace));
+    let ours = names
+        .candidates
+        .into_iter()
+        .filter_map(|n| find(n))
+        .find(|c| owned_by(c.meta(), data));
+    if let Some(claim) = ours {
+        return Ok(read(&claim));
+    }
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), names.namespace);
+    if let Some(other) = find(names.preferred) {
+        return earlier_claim(&api, &*other).await;
+    }
+    let claim = new(claim_meta(data, names.preferred, pool));
+    create_claim(&api, &claim, pool).await
 }
 
 /// The claim's metadata: the Metal3Data's labels plus `data-name`/`pool-name` (how release finds

@@ -13,6 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -56,6 +57,27 @@ fn same_template(reference: &ObjectReference, namespace: &str, template: &str) -
             .is_none_or(|n| n.is_empty() || n == namespace)
 }
 
+/// The cached objects of `namespace` (Metal3Data or Metal3DataClaims) whose `reference` names
+/// the template `name`.
+pub fn of_template<K>(
+    store: &Store<K>,
+    namespace: &str,
+    name: &str,
+    reference: impl Fn(&K) -> &ObjectReference,
+) -> Vec<Arc<K>>
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    store
+        .state()
+        .into_iter()
+        .filter(|o| {
+            o.meta().namespace.as_deref() == Some(namespace)
+                && same_template(reference(o), namespace, name)
+        })
+        .collect()
+}
+
 pub async fn reconcile(
     template: Arc<Metal3DataTemplate>,
     ctx: Arc<Context>,
@@ -68,24 +90,8 @@ pub async fn reconcile(
     let datas: Api<Metal3Data> = Api::namespaced(ctx.client.clone(), &namespace);
     let claims_api: Api<Metal3DataClaim> = Api::namespaced(ctx.client.clone(), &namespace);
 
-    let data_of_template: Vec<Arc<Metal3Data>> = ctx
-        .datas
-        .state()
-        .into_iter()
-        .filter(|d| {
-            d.namespace().as_deref() == Some(namespace.as_str())
-                && same_template(&d.spec.template, &namespace, &name)
-        })
-        .collect();
-    let claims: Vec<Arc<Metal3DataClaim>> = ctx
-        .data_claims
-        .state()
-        .into_iter()
-        .filter(|c| {
-            c.namespace().as_deref() == Some(namespace.as_str())
-                && same_template(&c.spec.template, &namespace, &name)
-        })
-        .collect();
+    let data_of_template = of_template(&ctx.datas, &namespace, &name, |d| &d.spec.template);
+    let claims = of_template(&ctx.data_claims, &namespace, &name, |c| &c.spec.template);
     let mut by_claim: BTreeMap<String, Arc<Metal3Data>> = BTreeMap::new();
     for data in &data_of_template {
         if let Some(claim) = &data.spec.claim.name {

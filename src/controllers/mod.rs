@@ -560,13 +560,14 @@ fn orphan_data_claim_controller(
     Some(
         Controller::for_shared_stream(data_claims.subscribe()?, data_claims.store.clone())
             .watches_shared_stream(templates.subscribe()?, move |template| {
-                let (namespace, name) = (&template.meta().namespace, &template.meta().name);
-                ctx.data_claims
-                    .state()
-                    .into_iter()
-                    .filter(|c| &c.meta().namespace == namespace && &c.spec.template.name == name)
-                    .map(|c| ObjectRef::from_obj(&*c))
-                    .collect::<Vec<_>>()
+                let namespace = template.meta().namespace.clone().unwrap_or_default();
+                let name = template.meta().name.clone().unwrap_or_default();
+                data_template::of_template(&ctx.data_claims, &namespace, &name, |c| {
+                    &c.spec.template
+                })
+                .into_iter()
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
             }),
     )
 }
