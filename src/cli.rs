@@ -1,6 +1,8 @@
 //! The `bitpool` command line. Every flag can also be set by the environment variable named in
 //! its help text.
 
+use std::io::IsTerminal;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -56,6 +58,20 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "BITPOOL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Log level (error, warn, info, debug, trace). RUST_LOG, when set, takes precedence and
+    /// can set levels per module.
+    #[arg(long, env = "BITPOOL_LOG_LEVEL", default_value = "info")]
+    pub log_level: tracing::Level,
+    /// Requests per second to the Kubernetes API server, on average.
+    #[arg(long, env = "BITPOOL_KUBE_API_QPS", default_value_t = NonZeroU32::new(500).unwrap_or(NonZeroU32::MIN))]
+    pub kube_api_qps: NonZeroU32,
+    /// Requests allowed at once above the average rate.
+    #[arg(long, env = "BITPOOL_KUBE_API_BURST", default_value_t = NonZeroU32::new(1000).unwrap_or(NonZeroU32::MIN))]
+    pub kube_api_burst: NonZeroU32,
+    /// After SIGTERM, how long reconciles in flight may take before the process exits anyway
+    /// (keep it below the pod's terminationGracePeriodSeconds). A second SIGTERM exits at once.
+    #[arg(long, env = "BITPOOL_SHUTDOWN_TIMEOUT_SECONDS", default_value_t = 20)]
+    pub shutdown_timeout_seconds: u64,
     /// How long to wait at start-up for bitpool's CRDs to be installed and established.
     #[arg(long, env = "BITPOOL_CRD_WAIT_SECONDS", default_value_t = 300)]
     pub crd_wait_seconds: u64,
@@ -112,6 +128,8 @@ pub struct CrdsArgs {
 pub enum Error {
     #[error(transparent)]
     Crds(#[from] crds::Error),
+    #[error(transparent)]
+    Client(#[from] crate::client::Error),
     #[error("cannot connect to the cluster: {0}")]
     Connect(#[source] kube::Error),
     #[error("cannot write to standard output: {0}")]
@@ -303,11 +321,13 @@ async fn crds_command(args: CrdsArgs) -> Result<(), Error> {
         .map_err(Error::Stdout)
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, level: tracing::Level) {
+    let level = level.to_string().to_lowercase();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},kube=warn")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -316,8 +336,12 @@ fn init_tracing(format: LogFormat) {
 }
 
 async fn run(args: RunArgs) -> Result<(), Error> {
-    init_tracing(args.log_format);
-    let client = kube::Client::try_default().await.map_err(Error::Connect)?;
+    init_tracing(args.log_format, args.log_level);
+    let client = crate::client::connect(crate::client::Limits {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+    })
+    .await?;
     // bitpool's own CRDs, and the contract's IPAddressClaim and IPAddress (from Cluster API
     // core, or `bitpool crds --apply --standalone`).
     let mut required = crds::served();
@@ -330,9 +354,25 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         ledger_namespace: args.ledger_namespace,
         bmh_name_based_preallocation: args.enable_bmh_name_based_preallocation,
     };
-    controllers::run(client, settings, shutdown_signal()).await;
+    let grace = Duration::from_secs(args.shutdown_timeout_seconds);
+    controllers::run(client, settings, stop_on_signal(grace)).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Completes on the first SIGTERM (or Ctrl-C): the controllers stop taking work. From then on a
+/// second signal, or `grace` passing, ends the process at once; what was committed is resumed
+/// by the next process.
+async fn stop_on_signal(grace: Duration) {
+    shutdown_signal().await;
+    tracing::info!(grace = ?grace, "shutting down: no new work is taken");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown_signal() => tracing::warn!("second signal: exiting now"),
+            _ = tokio::time::sleep(grace) => tracing::warn!("work in flight did not finish within the shutdown timeout; exiting"),
+        }
+        std::process::exit(1);
+    });
 }
 
 /// SIGTERM (what Kubernetes sends) or Ctrl-C.
@@ -370,6 +410,38 @@ mod tests {
             Command::Run(run) => run.enable_bmh_name_based_preallocation,
             _ => unreachable!("parsed as run"),
         }
+    }
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        let cli = Cli::try_parse_from(["bitpool", "run"].iter().chain(args))
+            .expect("the arguments parse");
+        match cli.command {
+            Command::Run(run) => run,
+            _ => unreachable!("parsed as run"),
+        }
+    }
+
+    #[test]
+    fn client_limits_log_level_and_shutdown_have_defaults_and_flags() {
+        let defaults = run_args(&[]);
+        assert_eq!(defaults.kube_api_qps.get(), 500);
+        assert_eq!(defaults.kube_api_burst.get(), 1000);
+        assert_eq!(defaults.log_level, tracing::Level::INFO);
+        assert_eq!(defaults.shutdown_timeout_seconds, 20);
+        let set = run_args(&[
+            "--kube-api-qps=20",
+            "--kube-api-burst=30",
+            "--log-level=debug",
+            "--shutdown-timeout-seconds=5",
+        ]);
+        assert_eq!(set.kube_api_qps.get(), 20);
+        assert_eq!(set.kube_api_burst.get(), 30);
+        assert_eq!(set.log_level, tracing::Level::DEBUG);
+        assert_eq!(set.shutdown_timeout_seconds, 5);
+        assert!(
+            Cli::try_parse_from(["bitpool", "run", "--kube-api-qps=0"]).is_err(),
+            "a zero rate would stop every request"
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::wait::{Condition, conditions};
 use kube::{Client, CustomResourceExt};
 
 use crate::api::{capi, capi_pools, metal3_data, metal3_ipam};
@@ -29,6 +29,8 @@ pub enum Error {
     },
     #[error("cannot apply CRD {name}: {source}")]
     Apply { name: String, source: kube::Error },
+    #[error("cannot read CRD {name}: {source}")]
+    Read { name: String, source: kube::Error },
     #[error(
         "CRDs not established after {waited:?}: {missing}; install them with `bitpool crds --apply`"
     )]
@@ -149,31 +151,41 @@ pub async fn apply(
     wait_established(client, crds, wait).await
 }
 
-/// Waits until every CRD exists with `Established=True`, or fails naming those that are not.
+/// Waits until every CRD exists with `Established=True`, or fails naming only those that are not.
 pub async fn wait_established(
     client: &Client,
     crds: &[CustomResourceDefinition],
     wait: Duration,
 ) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut missing = Vec::new();
     let deadline = tokio::time::Instant::now() + wait;
-    for crd in crds {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
-        match tokio::time::timeout_at(deadline, established).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => missing.push(format!("{name} ({e})")),
-            Err(_) => missing.push(name),
+    let mut reported = false;
+    loop {
+        let mut missing = Vec::new();
+        for crd in crds {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            match api.get_opt(&name).await {
+                Ok(Some(found))
+                    if conditions::is_crd_established().matches_object(Some(&found)) => {}
+                Ok(Some(_)) => missing.push(format!("{name} (not established yet)")),
+                Ok(None) => missing.push(name),
+                Err(source) => return Err(Error::Read { name, source }),
+            }
         }
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::NotEstablished {
-            waited: wait,
-            missing: missing.join(", "),
-        })
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::NotEstablished {
+                waited: wait,
+                missing: missing.join(", "),
+            });
+        }
+        if !reported {
+            tracing::info!(missing = %missing.join(", "), "waiting for CRDs to be installed and established");
+            reported = true;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -11,6 +11,7 @@
 pub mod alloc;
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod controllers;
 pub mod crds;
 pub mod migrate;

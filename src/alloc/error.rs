@@ -26,6 +26,14 @@ pub enum SpecError {
     },
     #[error("the pool has no addresses")]
     NoAddresses,
+    #[error(
+        "{field}: {value:?} is outside the pool's subnet {subnet} (its lowest address and prefix); a pool's addresses and gateway belong to one subnet"
+    )]
+    OutsideSubnet {
+        field: String,
+        value: String,
+        subnet: String,
+    },
     #[error("prefix {prefix} is not valid for {family} (0 to {})", family.bits())]
     InvalidPrefix { prefix: i64, family: Family },
     #[error("pools[{index}]: an entry needs a start or a subnet")]

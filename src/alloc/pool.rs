@@ -276,6 +276,20 @@ impl CapiPool {
         let family = families.family.ok_or(SpecError::NoAddresses)?;
         let prefix = prefix(self.prefix, family)?;
         let pool = normalize(ranges);
+        // The subnet is `<lowest address>/<prefix>`; every entry must lie in it (upstream's
+        // "provided address belongs to a different subnet than others").
+        let subnet = family.subnet_bounds(pool[0].0, prefix);
+        let show_subnet = || format!("{}/{prefix}", family.address(subnet.0));
+        for (i, text) in self.addresses.iter().enumerate() {
+            let range = entry(format!("addresses[{i}]"), text)?;
+            if range.first < subnet.0 || range.last > subnet.1 {
+                return Err(SpecError::OutsideSubnet {
+                    field: format!("addresses[{i}]"),
+                    value: text.clone(),
+                    subnet: show_subnet(),
+                });
+            }
+        }
 
         let mut removed = Vec::new();
         for (i, text) in self.excluded_addresses.iter().enumerate() {
@@ -285,7 +299,7 @@ impl CapiPool {
             removed.push((range.first, range.last));
         }
         if !self.allocate_reserved {
-            let (network, broadcast) = family.subnet_bounds(pool[0].0, prefix);
+            let (network, broadcast) = subnet;
             removed.push((network, network));
             if family == Family::V4 {
                 removed.push((broadcast, broadcast));
@@ -299,6 +313,13 @@ impl CapiPool {
             .transpose()?;
         if let Some(gateway) = gateway {
             let value = family::to_value(gateway);
+            if value < subnet.0 || value > subnet.1 {
+                return Err(SpecError::OutsideSubnet {
+                    field: "gateway".into(),
+                    value: gateway.to_string(),
+                    subnet: show_subnet(),
+                });
+            }
             removed.push((value, value));
         }
         let dns_servers = addresses("dnsServers", &self.dns_servers, &mut families)?;

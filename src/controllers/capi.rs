@@ -1,7 +1,7 @@
 //! The CAPI IPAM provider's dialect: InClusterIPPool and GlobalInClusterIPPool serving
 //! IPAddressClaims with IPAddresses named after the claims, as the in-cluster provider does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use kube::api::{Api, ObjectMeta};
@@ -153,13 +153,28 @@ fn status_patch(
             }
         }
         None => {
-            let allocated = report.ledger.allocated.len();
+            let allocated = report.ledger.len();
             let message = format!(
                 "{}; nothing is allocated until the spec is fixed, and the {allocated} allocated address(es) are kept",
                 report.spec_error.unwrap_or("invalid spec")
             );
             objects::condition("Ready", false, "InvalidSpec", message, generation)
         }
+    };
+    let fenced = report
+        .ledger
+        .fenced_until(&objects::now().0.to_string())
+        .map(|until| {
+            let message = format!(
+                "{}; the ledger was rebuilt from the pool's address objects at {}, and new addresses are handed out from {until}",
+                report.ledger.rebuilt_because.as_deref().unwrap_or("the allocation record was lost"),
+                report.ledger.rebuilt_at.as_deref().unwrap_or_default()
+            );
+            objects::condition("Ready", false, "LedgerRebuilt", message, generation)
+        });
+    let ready = match (ready.status.as_str(), fenced) {
+        ("True", Some(fenced)) => fenced,
+        _ => ready,
     };
     let conditions_changed = objects::set_condition(&mut next.conditions, ready);
     (conditions_changed || current.ip_addresses != next.ip_addresses).then(
@@ -199,8 +214,9 @@ macro_rules! capi_dialect {
             addresses_of(&self.key(), ctx, fresh)
         }
 
-        fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Option<NewAddress> {
+        fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String> {
             capi_address(self, claim, lease, claim.name(), ADDRESS_FINALIZER)
+                .ok_or_else(|| format!("{} has no UID yet", claim.describe()))
         }
 
         fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
@@ -222,5 +238,25 @@ impl PoolDialect for GlobalInClusterIPPool {
 
     fn api_for(&self, client: Client) -> Api<Self> {
         Api::all(client)
+    }
+
+    /// Claims of any namespace share a global pool, so a preallocation names the claim's
+    /// namespace: `<namespace>/<name>`. A bare `<name>` (the in-cluster provider's form) still
+    /// names the claim when no other namespace has a claim of that name on the pool.
+    fn preallocation_key(&self, claim: &AnyClaim, shared_names: &HashSet<String>) -> String {
+        global_preallocation_key(&self.spec.pool.pre_allocations, claim, shared_names)
+    }
+}
+
+fn global_preallocation_key(
+    pre_allocations: &BTreeMap<String, String>,
+    claim: &AnyClaim,
+    shared_names: &HashSet<String>,
+) -> String {
+    let qualified = format!("{}/{}", claim.namespace(), claim.name());
+    if pre_allocations.contains_key(&qualified) || shared_names.contains(&claim.name()) {
+        qualified
+    } else {
+        claim.name()
     }
 }

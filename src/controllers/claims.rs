@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
@@ -15,21 +14,11 @@ use super::pool::PoolKey;
 use crate::api::capi::{self, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
 
-fn pool_exists(ctx: &Context, key: &PoolKey) -> bool {
-    match &key.namespace {
-        Some(ns) => ctx
-            .pools
-            .get(&ObjectRef::new(&key.name).within(ns))
-            .is_some(),
-        None => ctx.global_pools.get(&ObjectRef::new(&key.name)).is_some(),
-    }
-}
-
 pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(key) = PoolKey::of_claim(&claim) else {
         return Ok(Action::await_change()); // another provider's claim
     };
-    if pool_exists(&ctx, &key) || objects::is_paused(claim.meta()) {
+    if ctx.pool_exists(&key) || objects::is_paused(claim.meta()) {
         return Ok(Action::await_change());
     }
     let namespace = claim.namespace().unwrap_or_default();

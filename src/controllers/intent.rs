@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use rand::Rng;
 
-use super::ledger::{Ledger, Reservation};
+use super::ledger::{Ledger, MAX_PENDING, Reservation};
 use crate::alloc::{AddressSpace, AllocError, Lease};
 
 /// A claim as the ledger knows it.
@@ -36,6 +36,9 @@ pub struct Request {
     pub claim: ClaimId,
     /// The claim's `ipAddress` annotation.
     pub requested: Option<String>,
+    /// The `preAllocations` key that names this claim (its name, or on a global pool
+    /// `<namespace>/<name>`; see the pool dialect).
+    pub preallocation_key: String,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -55,6 +58,11 @@ pub struct Intent {
     pub release_unbound: Vec<IpAddr>,
     /// Claims (by UID) that are gone or done: free whatever they have reserved.
     pub release_claims: Vec<String>,
+    /// The ledger turned out to lack what was in flight (a live address it did not list):
+    /// start the rebuild fence now, for this reason.
+    pub fence: Option<String>,
+    /// The rebuild fence is over and the live addresses were adopted: end it.
+    pub end_fence: bool,
 }
 
 impl Intent {
@@ -66,6 +74,8 @@ impl Intent {
             && self.release.is_empty()
             && self.release_unbound.is_empty()
             && self.release_claims.is_empty()
+            && self.fence.is_none()
+            && !self.end_fence
     }
 }
 
@@ -75,6 +85,12 @@ pub enum Refusal {
     Alloc(AllocError),
     /// The pool's spec is invalid; nothing is allocated until it is fixed.
     PoolInvalid,
+    /// The ledger was rebuilt after its record was lost; no new address until this time.
+    Fenced {
+        until: String,
+    },
+    /// The ledger holds as many reservations as it may; the claim is served in the next batch.
+    Deferred,
 }
 
 /// Frees `address` in the ledger and in the space that mirrors it.
@@ -129,12 +145,28 @@ pub fn apply(
     }
     for (address, uid) in &intent.confirm {
         next.confirm(*address, uid);
+        // A claim never holds two addresses: a reservation it got from a stale view (its
+        // address object existed but was not seen) is freed once the object is confirmed.
+        let extra: Vec<IpAddr> = next
+            .reservations_of(uid)
+            .map(|(a, _)| a)
+            .filter(|a| a != address)
+            .collect();
+        for stale in extra {
+            free(&mut next, &mut space, stale);
+        }
     }
     for address in &intent.adopt {
         hold(&mut next, &mut space, *address);
     }
+    if let Some(because) = &intent.fence {
+        next.fence(now, because.clone());
+    } else if intent.end_fence {
+        next.rebuilt_at = None;
+        next.rebuilt_because = None;
+    }
     for (address, claim) in &intent.bind {
-        if !next.pending.contains_key(&address.to_string()) {
+        if !next.pending.contains_key(&address.to_string()) && next.pending.len() < MAX_PENDING {
             hold(&mut next, &mut space, *address);
             next.reserve(*address, claim.reservation(now));
         }
@@ -147,10 +179,19 @@ pub fn apply(
         }
         return (next, outcomes);
     };
+    let fenced = next.fenced_until(now);
     for request in &intent.allocate {
         let outcome = match next.reservation_of(&request.claim.uid) {
             Some((address, _)) => Ok(space.lease_for(address)),
-            None => match space.allocate(&request.claim.name, request.requested.as_deref(), rng) {
+            None if fenced.is_some() => Err(Refusal::Fenced {
+                until: fenced.clone().unwrap_or_default(),
+            }),
+            None if next.pending.len() >= MAX_PENDING => Err(Refusal::Deferred),
+            None => match space.allocate(
+                &request.preallocation_key,
+                request.requested.as_deref(),
+                rng,
+            ) {
                 Ok(lease) => {
                     next.reserve(lease.address, request.claim.reservation(now));
                     Ok(lease)
@@ -170,6 +211,8 @@ mod tests {
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
+    const NOW: &str = "2026-11-30T04:00:00Z";
+
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("test address")
     }
@@ -186,6 +229,7 @@ mod tests {
         Request {
             claim: claim(uid),
             requested: None,
+            preallocation_key: format!("claim-{uid}"),
         }
     }
 
@@ -206,7 +250,7 @@ mod tests {
     ) -> (Ledger, BTreeMap<String, Result<Lease, Refusal>>) {
         let mut mirrored = space();
         mirrored.mark_all_used(ledger.addresses());
-        let (next, outcomes) = apply(ledger, Some(&mut mirrored), intent, "t", rng);
+        let (next, outcomes) = apply(ledger, Some(&mut mirrored), intent, NOW, rng);
         let mut rebuilt = space();
         rebuilt.mark_all_used(next.addresses());
         assert_eq!(
@@ -271,7 +315,7 @@ mod tests {
             outcomes["b"].as_ref().map(|l| l.address),
             Ok(ip("10.0.0.2"))
         );
-        assert_eq!(after_two.allocated.len(), 2);
+        assert_eq!(after_two.len(), 2);
     }
 
     #[test]
@@ -345,8 +389,92 @@ mod tests {
             allocate: vec![request("a")],
             ..Default::default()
         };
-        let (next, outcomes) = apply(&ledger, None, &intent, "t", &mut rng);
+        let (next, outcomes) = apply(&ledger, None, &intent, NOW, &mut rng);
         assert_eq!(next, ledger);
         assert_eq!(outcomes["a"], Err(Refusal::PoolInvalid));
+    }
+
+    #[test]
+    fn confirming_a_claims_address_frees_any_second_reservation_it_got() {
+        let mut rng = StdRng::seed_from_u64(6);
+        let mut ledger = Ledger::default();
+        ledger.insert(ip("10.0.0.1")); // a's address object exists
+        ledger.reserve(ip("10.0.0.2"), claim("a").reservation(NOW)); // from a stale view
+        ledger.reserve(ip("10.0.0.3"), claim("b").reservation(NOW));
+        let intent = Intent {
+            confirm: vec![(ip("10.0.0.1"), "a".into())],
+            ..Default::default()
+        };
+        let (next, _) = run(&ledger, &intent, &mut rng);
+        assert!(next.contains(ip("10.0.0.1")));
+        assert!(!next.contains(ip("10.0.0.2")), "a holds one address");
+        assert!(next.contains(ip("10.0.0.3")), "b's reservation is b's");
+    }
+
+    #[test]
+    fn a_fenced_ledger_hands_out_nothing_new_but_keeps_reservations() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut ledger = Ledger::default();
+        ledger.reserve(ip("10.0.0.2"), claim("a").reservation(NOW));
+        ledger.rebuilt_at = Some(NOW.into());
+        let intent = Intent {
+            allocate: vec![request("a"), request("b")],
+            ..Default::default()
+        };
+        let (next, outcomes) = run(&ledger, &intent, &mut rng);
+        assert_eq!(
+            outcomes["a"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.2"))
+        );
+        assert_eq!(
+            outcomes["b"],
+            Err(Refusal::Fenced {
+                until: "2026-11-30T04:01:30Z".into()
+            })
+        );
+        let (after, outcomes) = run(
+            &next,
+            &Intent {
+                end_fence: true,
+                ..intent
+            },
+            &mut rng,
+        );
+        assert_eq!(after.rebuilt_at, None);
+        assert!(outcomes["b"].is_ok(), "served once the fence ends");
+    }
+
+    #[test]
+    fn reservations_are_bounded() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let mut ledger = Ledger::default();
+        let mut big = AddressSpace::capi(&CapiPool {
+            addresses: vec!["10.0.0.0/16".into()],
+            prefix: 16,
+            ..Default::default()
+        })
+        .expect("valid");
+        let intent = Intent {
+            allocate: (0..MAX_PENDING + 5)
+                .map(|i| request(&i.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let (next, outcomes) = apply(&ledger, Some(&mut big), &intent, NOW, &mut rng);
+        assert_eq!(next.pending.len(), MAX_PENDING);
+        let deferred = outcomes
+            .values()
+            .filter(|o| **o == Err(Refusal::Deferred))
+            .count();
+        assert_eq!(deferred, 5);
+        ledger = next;
+        assert!(
+            ledger
+                .to_config_map(Default::default())
+                .data
+                .map_or(0, |d| d.values().map(String::len).sum::<usize>())
+                < 512 * 1024,
+            "a full batch of reservations stays far below the object size limit"
+        );
     }
 }

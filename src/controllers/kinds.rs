@@ -99,6 +99,37 @@ impl AnyClaim {
         self.meta().deletion_timestamp.is_some()
     }
 
+    /// `<Kind> <namespace>/<name>`, for logs.
+    pub fn describe(&self) -> String {
+        let kind = match self {
+            AnyClaim::Capi(_) => "IPAddressClaim",
+            AnyClaim::Metal3(_) => "IPClaim",
+        };
+        format!("{kind} {}/{}", self.namespace(), self.name())
+    }
+
+    /// The UID of the claim of `kind` named `namespace/name` on the server now, if it exists.
+    pub async fn fetch(
+        ctx: &Context,
+        kind: ClaimKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<String>, Error> {
+        let meta = match kind {
+            ClaimKind::Capi => Api::<IPAddressClaim>::namespaced(ctx.client.clone(), namespace)
+                .get_metadata_opt(name)
+                .await
+                .map_err(Error::Kube)?
+                .map(|m| m.metadata),
+            ClaimKind::Metal3 => Api::<IPClaim>::namespaced(ctx.client.clone(), namespace)
+                .get_metadata_opt(name)
+                .await
+                .map_err(Error::Kube)?
+                .map(|m| m.metadata),
+        };
+        Ok(meta.and_then(|m| m.uid))
+    }
+
     /// Makes `finalizer` present on the claim or absent from it.
     pub async fn set_finalizer(
         &self,
@@ -141,6 +172,12 @@ impl AnyClaim {
     }
 }
 
+fn fenced_message(pool: &str, until: &str) -> String {
+    format!(
+        "{pool} rebuilt its allocation record from its address objects; new addresses are handed out from {until}, when nothing can still be in flight"
+    )
+}
+
 /// The Ready condition's reason and message for a refusal (the contract's three reasons).
 fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
     match outcome {
@@ -167,6 +204,19 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
             refusal: Refusal::Alloc(e),
             ..
         } => (capi::reasons::ALLOCATION_FAILED, e.to_string()),
+        Outcome::Refused {
+            refusal: Refusal::Fenced { until },
+            pool,
+            ..
+        } => (capi::reasons::POOL_NOT_READY, fenced_message(pool, until)),
+        Outcome::Refused {
+            refusal: Refusal::Deferred,
+            pool,
+            ..
+        } => (
+            capi::reasons::POOL_NOT_READY,
+            format!("{pool} is serving earlier claims; this one is next"),
+        ),
         Outcome::Failed(message) => (capi::reasons::ALLOCATION_FAILED, message.clone()),
         Outcome::Allocated { .. } => ("AddressAllocated", String::new()),
     }
@@ -223,6 +273,15 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             )
         }
         Outcome::Refused {
+            refusal: Refusal::Fenced { until },
+            pool,
+            ..
+        } => fenced_message(pool, until),
+        Outcome::Refused {
+            refusal: Refusal::Deferred,
+            ..
+        } => return None,
+        Outcome::Refused {
             refusal: Refusal::Alloc(e),
             ..
         } => match e {
@@ -239,7 +298,10 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             AllocError::PreAllocatedInUse { .. } => "Pre-allocated IP not available".into(),
             AllocError::PreAllocationOutOfBounds { .. } => "Pre-allocated IP out of bounds".into(),
         },
-        Outcome::Failed(_) => "Failed to create associated IPAddress object".into(),
+        // Upstream's words first, which tooling matches; then what exactly is wrong.
+        Outcome::Failed(reason) => {
+            format!("Failed to create associated IPAddress object: {reason}")
+        }
     })
 }
 
@@ -286,6 +348,33 @@ impl AnyAddress {
         }
     }
 
+    /// `<Kind> <namespace>/<name>`, for logs.
+    pub fn describe(&self) -> String {
+        let kind = match self {
+            AnyAddress::Capi(_) => "IPAddress",
+            AnyAddress::Metal3(_) => "IPAddress.ipam.metal3.io",
+        };
+        format!(
+            "{kind} {}/{}",
+            self.meta().namespace.as_deref().unwrap_or_default(),
+            self.name()
+        )
+    }
+
+    /// The UID of the claim it was created for (from its owner references).
+    pub fn claim_uid(&self) -> Option<String> {
+        let kind = match self {
+            AnyAddress::Capi(_) => "IPAddressClaim",
+            AnyAddress::Metal3(_) => "IPClaim",
+        };
+        self.meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == kind)
+            .map(|o| o.uid.clone())
+    }
+
     /// The kind of claim it answers, and that claim's name.
     pub fn claim(&self) -> (ClaimKind, String) {
         match self {
@@ -325,17 +414,20 @@ async fn delete_with<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<boo
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    if let Some(current) = api.get_opt(name).await.map_err(Error::Kube)? {
-        if objects::remove_finalizer(api, &current, finalizer).await? == FinalizerPatch::Stale {
-            return Ok(false);
-        }
-        match api.delete(name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
+    let Some(current) = api.get_opt(name).await.map_err(Error::Kube)? else {
+        return Ok(true);
+    };
+    if objects::remove_finalizer(api, &current, finalizer).await? == FinalizerPatch::Stale {
+        return Ok(false);
     }
-    Ok(api.get_opt(name).await.map_err(Error::Kube)?.is_none())
+    match api.delete(name, &DeleteParams::background()).await {
+        // The server answers with a status once the object is gone, with the object while
+        // other finalizers still hold it.
+        Ok(either::Either::Right(_)) => Ok(true),
+        Ok(either::Either::Left(_)) => Ok(false),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
+        Err(e) => Err(Error::Kube(e)),
+    }
 }
 
 /// An address object to create.
@@ -349,6 +441,8 @@ pub enum NewAddress {
 pub enum Created {
     /// It exists with the leased address, for this claim.
     Confirmed,
+    /// The claim's own object already exists, with this other address.
+    Own(IpAddr),
     /// An object of that name already holds something else; the message says what.
     Conflict(String),
 }
@@ -361,15 +455,30 @@ impl NewAddress {
         }
     }
 
-    pub async fn create(&self, ctx: &Context) -> Result<Created, Error> {
+    /// Creates the object for `claim`; an existing one of that name is compared with it.
+    pub async fn create(&self, ctx: &Context, claim: &AnyClaim) -> Result<Created, Error> {
+        let claim_uid = claim.meta().uid.as_deref();
+        let owned_by_claim = |meta: &ObjectMeta| {
+            meta.owner_references
+                .iter()
+                .flatten()
+                .any(|o| Some(o.uid.as_str()) == claim_uid)
+        };
         match self {
             NewAddress::Capi(object) => {
                 let api: Api<IPAddress> =
                     Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
                 create_or_compare(&api, &**object, |existing: &IPAddress| {
-                    existing.spec.address == object.spec.address
-                        && existing.spec.pool_ref == object.spec.pool_ref
-                        && existing.spec.claim_ref == object.spec.claim_ref
+                    let same_claim = existing.spec.pool_ref == object.spec.pool_ref
+                        && existing.spec.claim_ref == object.spec.claim_ref;
+                    match existing.spec.address.parse() {
+                        _ if !same_claim => None,
+                        _ if existing.spec.address == object.spec.address => {
+                            Some(Created::Confirmed)
+                        }
+                        Ok(other) if owned_by_claim(existing.meta()) => Some(Created::Own(other)),
+                        _ => None,
+                    }
                 })
                 .await
             }
@@ -377,9 +486,10 @@ impl NewAddress {
                 let api: Api<Metal3IPAddress> =
                     Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
                 create_or_compare(&api, &**object, |existing: &Metal3IPAddress| {
-                    existing.spec.address == object.spec.address
+                    (existing.spec.address == object.spec.address
                         && existing.spec.pool.name == object.spec.pool.name
-                        && existing.spec.claim.name == object.spec.claim.name
+                        && existing.spec.claim.name == object.spec.claim.name)
+                        .then_some(Created::Confirmed)
                 })
                 .await
             }
@@ -390,7 +500,7 @@ impl NewAddress {
 async fn create_or_compare<K>(
     api: &Api<K>,
     object: &K,
-    same: impl Fn(&K) -> bool,
+    compare: impl Fn(&K) -> Option<Created>,
 ) -> Result<Created, Error>
 where
     K: Resource<DynamicType = ()>
@@ -404,14 +514,12 @@ where
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let name = object.meta().name.clone().unwrap_or_default();
             let existing = api.get(&name).await.map_err(Error::Kube)?;
-            if same(&existing) {
-                Ok(Created::Confirmed)
-            } else {
-                Ok(Created::Conflict(format!(
+            Ok(compare(&existing).unwrap_or_else(|| {
+                Created::Conflict(format!(
                     "{} {name} already exists for another claim or pool",
                     K::kind(&())
-                )))
-            }
+                ))
+            }))
         }
         Err(e) => Err(Error::Kube(e)),
     }

@@ -3,13 +3,18 @@
 //! every change is a replace carrying the resourceVersion it was computed from, so a stale
 //! writer (another bitpool process, or a stale cache) gets 409 Conflict and recomputes.
 //!
-//! A ConfigMap holds it: `binaryData.allocated` is a roaring bitmap of all allocated addresses
-//! (small at any size), `data.pending` the reservations whose IPAddress is not yet confirmed —
-//! address → claim UID, name and time — so that a crash between "ledger says taken" and
-//! "IPAddress created" resumes with the same address for the same claim.
+//! A ConfigMap in bitpool's ledger namespace holds it (never in a tenant's namespace, so a
+//! tenant who may write ConfigMaps there cannot touch allocation state): `binaryData.ipv4` and
+//! `binaryData.ipv6` are roaring bitmaps of the allocated addresses of each family (a pool that
+//! changes family can never confuse the two), `data.pending` the reservations whose address
+//! object is not yet confirmed — address → claim UID, name and time — so that a crash between
+//! "ledger says taken" and "address object created" resumes with the same address for the same
+//! claim. `data.rebuiltAt` marks a ledger rebuilt without knowing what was in flight (see
+//! [`REBUILD_FENCE`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -21,14 +26,40 @@ use super::error::Error;
 use crate::alloc::set::AddressSet;
 use crate::alloc::{Family, family};
 
-const ALLOCATED_KEY: &str = "allocated";
+const IPV4_KEY: &str = "ipv4";
+const IPV6_KEY: &str = "ipv6";
 const PENDING_KEY: &str = "pending";
-const FAMILY_KEY: &str = "family";
+const REBUILT_KEY: &str = "rebuiltAt";
+const REBUILT_BECAUSE_KEY: &str = "rebuiltBecause";
 const FORMAT_KEY: &str = "format";
-const FORMAT: &str = "1";
+const FORMAT: &str = "2";
+/// Format 1 (one bitmap and its family) is still read.
+const V1_FORMAT: &str = "1";
+const V1_ALLOCATED_KEY: &str = "allocated";
+const V1_FAMILY_KEY: &str = "family";
+/// Label on every ledger; its value is the pool kind, lower case (always a valid label value).
 pub const LEDGER_LABEL: &str = "ipam.bitpool.dev/ledger";
+/// Annotation on a ledger naming its pool (`<kind>/<namespace>/<name>`, no length limit).
+pub const POOL_ANNOTATION: &str = "ipam.bitpool.dev/pool";
+/// Annotation on a ledger with its pool's UID: a ledger of an earlier pool of the same name is
+/// not this pool's record.
+pub const POOL_UID_ANNOTATION: &str = "ipam.bitpool.dev/pool-uid";
 
-/// An address reserved for a claim whose IPAddress is not confirmed yet.
+/// How long a ledger rebuilt from the live address objects hands out no new address. Another
+/// process may have reserved an address in the lost record and be about to create its object:
+/// it creates only within [`CREATE_WINDOW`] of its reservation, and the API server finishes or
+/// abandons a request within its request timeout (60 s by default). After the fence a fresh
+/// list of the address objects is adopted, so such an address is never handed out again.
+pub const REBUILD_FENCE: Duration = Duration::from_secs(90);
+/// How long after committing a reservation a process may still create its address object; a
+/// later create is left to the next reconcile, which commits again first.
+pub const CREATE_WINDOW: Duration = Duration::from_secs(15);
+/// The most reservations a ledger holds at once. Each is about 170 bytes, so the ledger stays far
+/// below the API server's object size limit (1 MiB) whatever the number of pending claims;
+/// claims beyond it wait for the next batch.
+pub const MAX_PENDING: usize = 2000;
+
+/// An address reserved for a claim whose address object is not confirmed yet.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Reservation {
@@ -41,10 +72,16 @@ pub struct Reservation {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ledger {
-    pub family: Option<Family>,
-    pub allocated: AddressSet,
+    pub v4: AddressSet,
+    pub v6: AddressSet,
     /// Canonical address text → reservation.
     pub pending: BTreeMap<String, Reservation>,
+    /// RFC 3339: when the ledger was rebuilt from the live address objects after its record was
+    /// lost (missing, unreadable, or missing a live address). No new address until
+    /// [`REBUILD_FENCE`] after it.
+    pub rebuilt_at: Option<String>,
+    /// Why it was rebuilt, for the pool's condition.
+    pub rebuilt_because: Option<String>,
 }
 
 impl Ledger {
@@ -56,34 +93,68 @@ impl Ledger {
         ledger
     }
 
+    fn set(&self, family: Family) -> &AddressSet {
+        match family {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
+
+    fn set_mut(&mut self, family: Family) -> &mut AddressSet {
+        match family {
+            Family::V4 => &mut self.v4,
+            Family::V6 => &mut self.v6,
+        }
+    }
+
     /// Records `address` as allocated.
     pub fn insert(&mut self, address: IpAddr) -> bool {
-        self.family.get_or_insert(Family::of(address));
-        self.allocated.insert(family::to_value(address))
+        self.set_mut(Family::of(address))
+            .insert(family::to_value(address))
     }
 
     /// Forgets `address` (allocation and any reservation).
     pub fn remove(&mut self, address: IpAddr) -> bool {
         self.pending.remove(&address.to_string());
-        self.allocated.remove(family::to_value(address))
+        self.set_mut(Family::of(address))
+            .remove(family::to_value(address))
     }
 
     pub fn contains(&self, address: IpAddr) -> bool {
-        self.family.is_none_or(|f| f == Family::of(address))
-            && self.allocated.contains(family::to_value(address))
+        self.set(Family::of(address))
+            .contains(family::to_value(address))
     }
 
+    /// How many addresses are allocated, of both families.
+    pub fn len(&self) -> u128 {
+        self.v4.len() + self.v6.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
+    }
+
+    /// Every allocated address, IPv4 first.
     pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        let family = self.family.unwrap_or(Family::V4);
-        self.allocated.iter().map(move |v| family.address(v))
+        let v4 = self.v4.iter().map(|v| Family::V4.address(v));
+        let v6 = self.v6.iter().map(|v| Family::V6.address(v));
+        v4.chain(v6)
     }
 
     /// The reservation held for the claim with this UID.
-    pub fn reservation_of(&self, claim_uid: &str) -> Option<(IpAddr, &Reservation)> {
+    pub fn reservation_of<'a>(&'a self, claim_uid: &'a str) -> Option<(IpAddr, &'a Reservation)> {
+        self.reservations_of(claim_uid).next()
+    }
+
+    /// Every reservation held for the claim with this UID (more than one only after a fault).
+    pub fn reservations_of<'a>(
+        &'a self,
+        claim_uid: &'a str,
+    ) -> impl Iterator<Item = (IpAddr, &'a Reservation)> + 'a {
         self.pending
             .iter()
-            .find(|(_, r)| r.claim_uid == claim_uid)
-            .and_then(|(a, r)| a.parse().ok().map(|a| (a, r)))
+            .filter(move |(_, r)| r.claim_uid == claim_uid)
+            .filter_map(|(a, r)| a.parse().ok().map(|a| (a, r)))
     }
 
     pub fn reserve(&mut self, address: IpAddr, reservation: Reservation) {
@@ -91,7 +162,7 @@ impl Ledger {
         self.pending.insert(address.to_string(), reservation);
     }
 
-    /// Clears the reservation of `address` if it is `claim_uid`'s (its IPAddress exists now).
+    /// Clears the reservation of `address` if it is `claim_uid`'s (its address object exists).
     pub fn confirm(&mut self, address: IpAddr, claim_uid: &str) -> bool {
         let key = address.to_string();
         if self
@@ -106,58 +177,88 @@ impl Ledger {
         }
     }
 
+    /// Starts the rebuild fence at `now`.
+    pub fn fence(&mut self, now: &str, because: String) {
+        self.rebuilt_at = Some(now.to_string());
+        self.rebuilt_because = Some(because);
+    }
+
+    /// Whether the ledger is in its rebuild fence at `now` (both RFC 3339), and until when.
+    pub fn fenced_until(&self, now: &str) -> Option<String> {
+        let rebuilt: k8s_openapi::jiff::Timestamp = self.rebuilt_at.as_deref()?.parse().ok()?;
+        let now: k8s_openapi::jiff::Timestamp = now.parse().ok()?;
+        let until = rebuilt.checked_add(REBUILD_FENCE).ok()?;
+        (now < until).then(|| until.to_string())
+    }
+
     pub fn to_config_map(&self, meta: ObjectMeta) -> ConfigMap {
         let mut data = BTreeMap::from([(FORMAT_KEY.to_string(), FORMAT.to_string())]);
-        if let Some(family) = self.family {
-            data.insert(FAMILY_KEY.into(), family.to_string());
-        }
         // A BTreeMap of plain strings always serializes.
         data.insert(
             PENDING_KEY.into(),
             serde_json::to_string(&self.pending).unwrap_or_else(|_| "{}".into()),
         );
+        if let Some(rebuilt) = &self.rebuilt_at {
+            data.insert(REBUILT_KEY.into(), rebuilt.clone());
+        }
+        if let Some(because) = &self.rebuilt_because {
+            data.insert(REBUILT_BECAUSE_KEY.into(), because.clone());
+        }
         ConfigMap {
             metadata: meta,
             data: Some(data),
-            binary_data: Some(BTreeMap::from([(
-                ALLOCATED_KEY.into(),
-                ByteString(self.allocated.to_bytes()),
-            )])),
+            binary_data: Some(BTreeMap::from([
+                (IPV4_KEY.into(), ByteString(self.v4.to_bytes())),
+                (IPV6_KEY.into(), ByteString(self.v6.to_bytes())),
+            ])),
             ..Default::default()
         }
     }
 
     pub fn from_config_map(config_map: &ConfigMap) -> Result<Self, String> {
         let data = config_map.data.clone().unwrap_or_default();
+        let binary = config_map.binary_data.clone().unwrap_or_default();
+        let decode = |key: &str| -> Result<AddressSet, String> {
+            match binary.get(key) {
+                Some(bytes) => AddressSet::from_bytes(&bytes.0).map_err(|e| format!("{key}: {e}")),
+                None => Ok(AddressSet::default()),
+            }
+        };
+        let mut ledger = Self::default();
         match data.get(FORMAT_KEY).map(String::as_str) {
-            Some(FORMAT) => {}
+            Some(FORMAT) => {
+                ledger.v4 = decode(IPV4_KEY)?;
+                ledger.v6 = decode(IPV6_KEY)?;
+            }
+            Some(V1_FORMAT) => {
+                let allocated = decode(V1_ALLOCATED_KEY)?;
+                match data.get(V1_FAMILY_KEY).map(String::as_str) {
+                    Some("IPv6") => ledger.v6 = allocated,
+                    Some("IPv4") => ledger.v4 = allocated,
+                    None if allocated.is_empty() => {}
+                    other => return Err(format!("unknown address family {other:?}")),
+                }
+            }
             other => return Err(format!("unknown ledger format {other:?}")),
         }
-        let family = match data.get(FAMILY_KEY).map(String::as_str) {
-            None => None,
-            Some("IPv4") => Some(Family::V4),
-            Some("IPv6") => Some(Family::V6),
-            Some(other) => return Err(format!("unknown address family {other:?}")),
-        };
-        let allocated = match config_map
-            .binary_data
-            .as_ref()
-            .and_then(|b| b.get(ALLOCATED_KEY))
-        {
-            Some(bytes) => AddressSet::from_bytes(&bytes.0).map_err(|e| e.to_string())?,
-            None => AddressSet::default(),
-        };
-        let pending = match data.get(PENDING_KEY) {
-            Some(text) => {
-                serde_json::from_str(text).map_err(|e| format!("pending reservations: {e}"))?
+        if let Some(text) = data.get(PENDING_KEY) {
+            ledger.pending =
+                serde_json::from_str(text).map_err(|e| format!("pending reservations: {e}"))?;
+        }
+        for (address, reservation) in &ledger.pending {
+            let parsed: IpAddr = address
+                .parse()
+                .map_err(|_| format!("pending reservations: {address:?} is not an address"))?;
+            if !ledger.contains(parsed) {
+                return Err(format!(
+                    "pending reservations: {address} (claim {}/{}) is not allocated",
+                    reservation.claim_namespace, reservation.claim_name
+                ));
             }
-            None => BTreeMap::new(),
-        };
-        Ok(Self {
-            family,
-            allocated,
-            pending,
-        })
+        }
+        ledger.rebuilt_at = data.get(REBUILT_KEY).cloned();
+        ledger.rebuilt_because = data.get(REBUILT_BECAUSE_KEY).cloned();
+        Ok(ledger)
     }
 }
 
@@ -175,95 +276,154 @@ impl Stored {
     }
 }
 
+/// What reading a pool's ledger found.
+#[derive(Debug)]
+pub enum Loaded {
+    Found(Stored),
+    Missing,
+    /// An object is there but is not a record this pool can trust: unreadable, or written for an
+    /// earlier pool of the same name. It is replaced by a rebuilt ledger.
+    Untrusted {
+        reason: String,
+        resource_version: Option<String>,
+    },
+}
+
 /// Where one pool's ledger lives.
 #[derive(Clone)]
 pub struct LedgerRef {
     api: Api<ConfigMap>,
     pub namespace: String,
     pub name: String,
-    owner: OwnerReference,
-    labels: BTreeMap<String, String>,
+    /// Only for cluster-scoped pools: an owner in another namespace is not allowed.
+    owner: Option<OwnerReference>,
+    kind: String,
+    pool: String,
+    pool_uid: String,
 }
 
-/// A ConfigMap name for the ledger of pool `kind/name` (hashed when too long for a name).
-pub fn ledger_name(kind: &str, pool_name: &str) -> String {
-    let name = format!("bitpool-ledger-{}-{pool_name}", kind.to_lowercase());
+/// FNV-1a: stable across releases, which a ledger name must be.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The ConfigMap name of the ledger of pool `kind` `namespace/name`: `<kind>.<namespace>.<name>`
+/// (`<kind>.<name>` for a cluster-scoped pool), which is a valid name for every valid pool name
+/// and namespace up to 253 characters (namespaces hold no dots, so the form is unambiguous), and
+/// `<kind>.<hash>` beyond.
+pub fn ledger_name(kind: &str, namespace: Option<&str>, pool_name: &str) -> String {
+    let kind = kind.to_lowercase();
+    let name = match namespace {
+        Some(ns) => format!("{kind}.{ns}.{pool_name}"),
+        None => format!("{kind}.{pool_name}"),
+    };
     if name.len() <= 253 {
         return name;
     }
-    // FNV-1a: stable across releases, which a ledger name must be.
-    let hash = pool_name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{}-{hash:016x}", &name[..200])
+    format!(
+        "{kind}.{:016x}",
+        fnv(&format!("{}/{pool_name}", namespace.unwrap_or_default()))
+    )
 }
 
 impl LedgerRef {
     pub fn new(
         client: kube::Client,
-        namespace: &str,
-        name: String,
-        owner: OwnerReference,
-        pool_label: String,
+        ledger_namespace: &str,
+        kind: &str,
+        pool_namespace: Option<&str>,
+        pool_name: &str,
+        pool_uid: String,
+        owner: Option<OwnerReference>,
     ) -> Self {
         Self {
-            api: Api::namespaced(client, namespace),
-            namespace: namespace.to_string(),
-            name,
+            api: Api::namespaced(client, ledger_namespace),
+            namespace: ledger_namespace.to_string(),
+            name: ledger_name(kind, pool_namespace, pool_name),
             owner,
-            labels: BTreeMap::from([(LEDGER_LABEL.to_string(), pool_label)]),
+            kind: kind.to_lowercase(),
+            pool: format!("{kind}/{}/{pool_name}", pool_namespace.unwrap_or_default()),
+            pool_uid,
         }
+    }
+
+    pub fn describe(&self) -> String {
+        format!("ConfigMap {}/{}", self.namespace, self.name)
     }
 
     fn meta(&self, resource_version: Option<String>) -> ObjectMeta {
         ObjectMeta {
             name: Some(self.name.clone()),
             namespace: Some(self.namespace.clone()),
-            labels: Some(self.labels.clone()),
-            owner_references: Some(vec![self.owner.clone()]),
+            labels: Some(BTreeMap::from([(
+                LEDGER_LABEL.to_string(),
+                self.kind.clone(),
+            )])),
+            annotations: Some(BTreeMap::from([
+                (POOL_ANNOTATION.to_string(), self.pool.clone()),
+                (POOL_UID_ANNOTATION.to_string(), self.pool_uid.clone()),
+            ])),
+            owner_references: self.owner.clone().map(|o| vec![o]),
             resource_version,
             ..Default::default()
         }
     }
 
     /// The ledger as the server has it now (never from a cache).
-    pub async fn load(&self) -> Result<Option<Stored>, Error> {
+    pub async fn load(&self) -> Result<Loaded, Error> {
         let Some(config_map) = self.api.get_opt(&self.name).await.map_err(Error::Kube)? else {
-            return Ok(None);
+            return Ok(Loaded::Missing);
         };
-        let ledger =
-            Ledger::from_config_map(&config_map).map_err(|reason| Error::LedgerCorrupt {
-                ledger: format!("{}/{}", self.namespace, self.name),
+        let resource_version = config_map.metadata.resource_version.clone();
+        let written_for = config_map
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POOL_UID_ANNOTATION));
+        if let Some(uid) = written_for.filter(|uid| **uid != self.pool_uid) {
+            return Ok(Loaded::Untrusted {
+                reason: format!("it was written for an earlier pool of this name (UID {uid})"),
+                resource_version,
+            });
+        }
+        Ok(match Ledger::from_config_map(&config_map) {
+            Ok(ledger) => Loaded::Found(Stored {
+                ledger,
+                resource_version,
+            }),
+            Err(reason) => Loaded::Untrusted {
                 reason,
-            })?;
-        Ok(Some(Stored {
-            ledger,
-            resource_version: config_map.metadata.resource_version,
-        }))
+                resource_version,
+            },
+        })
     }
 
     /// Creates the ledger; `None` when another writer created it first (load it again).
     pub async fn create(&self, ledger: &Ledger) -> Result<Option<Stored>, Error> {
-        match self
-            .api
-            .create(
-                &PostParams::default(),
-                &ledger.to_config_map(self.meta(None)),
-            )
-            .await
-        {
+        let config_map = ledger.to_config_map(self.meta(None));
+        match self.api.create(&PostParams::default(), &config_map).await {
             Ok(created) => Ok(Some(Stored {
                 ledger: ledger.clone(),
                 resource_version: created.metadata.resource_version,
             })),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                Err(Error::LedgerNamespaceMissing(self.namespace.clone()))
+            }
             Err(e) => Err(Error::Kube(e)),
         }
     }
 
-    /// Replaces the ledger if nobody wrote it since `stored` was read; `None` on a conflict.
-    pub async fn replace(&self, stored: &Stored, ledger: &Ledger) -> Result<Option<Stored>, Error> {
-        let config_map = ledger.to_config_map(self.meta(stored.resource_version.clone()));
+    /// Replaces the ledger if nobody wrote it since `version` was read; `None` on a conflict or
+    /// when it was deleted meanwhile (load it again).
+    pub async fn replace(
+        &self,
+        version: Option<&str>,
+        ledger: &Ledger,
+    ) -> Result<Option<Stored>, Error> {
+        let config_map = ledger.to_config_map(self.meta(version.map(str::to_string)));
         match self
             .api
             .replace(&self.name, &PostParams::default(), &config_map)
@@ -273,7 +433,16 @@ impl LedgerRef {
                 ledger: ledger.clone(),
                 resource_version: replaced.metadata.resource_version,
             })),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(None),
+            Err(e) => Err(Error::Kube(e)),
+        }
+    }
+
+    /// Deletes the ledger (its pool is gone); a missing one is fine.
+    pub async fn delete(&self) -> Result<(), Error> {
+        match self.api.delete(&self.name, &Default::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
             Err(e) => Err(Error::Kube(e)),
         }
     }
@@ -298,8 +467,10 @@ mod tests {
 
     #[test]
     fn ledgers_round_trip_through_a_config_map() {
-        let mut ledger = Ledger::from_addresses(["10.0.0.1", "10.0.0.2", "10.0.0.9"].map(ip));
+        let mut ledger = Ledger::from_addresses(["10.0.0.1", "10.0.0.2", "fd00::9"].map(ip));
         ledger.reserve(ip("10.0.0.3"), reservation("u3"));
+        ledger.rebuilt_at = Some("2026-11-30T04:00:00Z".into());
+        ledger.rebuilt_because = Some("it was deleted".into());
         let config_map = ledger.to_config_map(ObjectMeta::default());
         let read = Ledger::from_config_map(&config_map).expect("decodes");
         assert_eq!(read, ledger);
@@ -309,7 +480,38 @@ mod tests {
         );
         assert_eq!(read.addresses().count(), 4);
         let json = serde_json::to_string(&config_map).expect("serializes");
-        assert!(json.len() < 400, "a small ledger stays small: {json}");
+        assert!(json.len() < 500, "a small ledger stays small: {json}");
+    }
+
+    #[test]
+    fn families_never_mix() {
+        // ::10.0.0.1 and 10.0.0.1 are the same integer; they are different addresses.
+        let mut ledger = Ledger::from_addresses([ip("10.0.0.1")]);
+        assert!(!ledger.contains(ip("::10.0.0.1")));
+        assert!(ledger.insert(ip("::10.0.0.1")));
+        assert!(ledger.remove(ip("10.0.0.1")));
+        assert!(ledger.contains(ip("::10.0.0.1")) && !ledger.contains(ip("10.0.0.1")));
+    }
+
+    #[test]
+    fn format_1_ledgers_are_read() {
+        let mut data = BTreeMap::from([
+            (FORMAT_KEY.to_string(), V1_FORMAT.to_string()),
+            (V1_FAMILY_KEY.to_string(), "IPv6".to_string()),
+        ]);
+        data.insert(PENDING_KEY.into(), "{}".into());
+        let mut set = AddressSet::default();
+        set.insert(family::to_value(ip("fd00::1")));
+        let config_map = ConfigMap {
+            data: Some(data),
+            binary_data: Some(BTreeMap::from([(
+                V1_ALLOCATED_KEY.to_string(),
+                ByteString(set.to_bytes()),
+            )])),
+            ..Default::default()
+        };
+        let ledger = Ledger::from_config_map(&config_map).expect("format 1 decodes");
+        assert!(ledger.contains(ip("fd00::1")) && ledger.v4.is_empty());
     }
 
     #[test]
@@ -328,10 +530,6 @@ mod tests {
         );
         assert!(ledger.remove(ip("fd00::2")));
         assert!(ledger.pending.is_empty() && !ledger.contains(ip("fd00::2")));
-        assert!(
-            !ledger.contains(ip("10.0.0.1")),
-            "another family is never contained"
-        );
     }
 
     #[test]
@@ -350,17 +548,60 @@ mod tests {
                 .unwrap_err()
                 .contains("format")
         );
+        let mut garbage = Ledger::default().to_config_map(ObjectMeta::default());
+        if let Some(binary) = garbage.binary_data.as_mut() {
+            binary.insert(IPV4_KEY.into(), ByteString(vec![1, 2, 3]));
+        }
+        assert!(
+            Ledger::from_config_map(&garbage)
+                .unwrap_err()
+                .contains("ipv4")
+        );
+        // A reservation of an address the bitmap lacks is a hand edit, not a record.
+        let mut ledger = Ledger::default();
+        ledger.pending.insert("10.0.0.5".into(), reservation("x"));
+        let edited = ledger.to_config_map(ObjectMeta::default());
+        assert!(
+            Ledger::from_config_map(&edited)
+                .unwrap_err()
+                .contains("not allocated")
+        );
     }
 
     #[test]
-    fn ledger_names_fit_a_kubernetes_name() {
+    fn the_fence_lasts_its_duration() {
+        let ledger = Ledger {
+            rebuilt_at: Some("2026-11-30T04:00:00Z".into()),
+            ..Default::default()
+        };
         assert_eq!(
-            ledger_name("InClusterIPPool", "a"),
-            "bitpool-ledger-inclusterippool-a"
+            ledger.fenced_until("2026-11-30T04:00:10Z").as_deref(),
+            Some("2026-11-30T04:01:30Z")
+        );
+        assert_eq!(ledger.fenced_until("2026-11-30T04:01:30Z"), None);
+        assert_eq!(Ledger::default().fenced_until("2026-11-30T04:00:10Z"), None);
+    }
+
+    #[test]
+    fn ledger_names_are_valid_for_every_valid_pool_name() {
+        assert_eq!(
+            ledger_name("InClusterIPPool", Some("ns"), "a"),
+            "inclusterippool.ns.a"
+        );
+        assert_eq!(
+            ledger_name("GlobalInClusterIPPool", None, "a"),
+            "globalinclusterippool.a"
         );
         let long = "x".repeat(253);
-        let name = ledger_name("GlobalInClusterIPPool", &long);
+        let name = ledger_name("GlobalInClusterIPPool", None, &long);
         assert!(name.len() <= 253);
-        assert_ne!(name, ledger_name("GlobalInClusterIPPool", &"y".repeat(253)));
+        assert_ne!(
+            name,
+            ledger_name("GlobalInClusterIPPool", None, &"y".repeat(253))
+        );
+        assert_ne!(
+            ledger_name("IPPool", Some("a"), &long),
+            ledger_name("IPPool", Some("b"), &long)
+        );
     }
 }

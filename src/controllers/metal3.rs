@@ -61,6 +61,29 @@ pub fn address_name(name_prefix: &str, address: IpAddr) -> String {
         .to_string()
 }
 
+/// Why `name` (an address object name built from the pool's `namePrefix`) is not a valid
+/// Kubernetes object name, if it is not.
+fn name_problem(name_prefix: &str, name: &str) -> Option<String> {
+    let why = if name.len() > 253 {
+        format!("it is {} characters long, more than 253", name.len())
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        "it may contain only lower-case letters, digits, '-' and '.'".to_string()
+    } else if name
+        .split('.')
+        .any(|part| part.is_empty() || part.starts_with('-') || part.ends_with('-'))
+    {
+        "each '.'-separated part must start and end with a letter or digit".to_string()
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the IPPool's namePrefix {name_prefix:?} gives address object names such as {name:?}, which is not a valid name: {why}; shorten or fix spec.namePrefix"
+    ))
+}
+
 /// An owner reference as upstream writes it on Metal3 IPAddresses: neither controller nor
 /// blocking deletion.
 fn plain_owner<K: Resource<DynamicType = ()>>(owner: &K) -> Option<OwnerReference> {
@@ -176,7 +199,27 @@ impl PoolDialect for IPPool {
         metal3.chain(capi).collect()
     }
 
-    fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Option<NewAddress> {
+    fn address_name_problem(&self, _claim: &AnyClaim, family: alloc::Family) -> Option<String> {
+        // The longest address text of the family names the longest object.
+        let widest: IpAddr = match family {
+            alloc::Family::V4 => std::net::Ipv4Addr::new(255, 255, 255, 255).into(),
+            alloc::Family::V6 => "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+                .parse::<std::net::Ipv6Addr>()
+                .map(IpAddr::from)
+                .unwrap_or(IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED)),
+        };
+        name_problem(
+            &self.spec.name_prefix,
+            &address_name(&self.spec.name_prefix, widest),
+        )
+    }
+
+    fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String> {
+        let name = address_name(&self.spec.name_prefix, lease.address);
+        if let Some(problem) = name_problem(&self.spec.name_prefix, &name) {
+            return Err(problem);
+        }
+        let missing = || format!("{} has no UID or namespace yet", claim.describe());
         match claim {
             AnyClaim::Metal3(ipclaim) => metal3_address(
                 self,
@@ -185,14 +228,12 @@ impl PoolDialect for IPPool {
                 i32::from(lease.prefix),
                 lease.gateway.map(|g| g.to_string()),
                 lease.dns_servers.iter().map(ToString::to_string).collect(),
-            ),
-            AnyClaim::Capi(_) => super::capi::capi_address(
-                self,
-                claim,
-                lease,
-                address_name(&self.spec.name_prefix, lease.address),
-                CAPI_ADDRESS_FINALIZER,
-            ),
+            )
+            .ok_or_else(missing),
+            AnyClaim::Capi(_) => {
+                super::capi::capi_address(self, claim, lease, name, CAPI_ADDRESS_FINALIZER)
+                    .ok_or_else(missing)
+            }
         }
     }
 
@@ -279,6 +320,16 @@ pub(super) fn metal3_address(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invalid_address_names_are_explained() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("test address");
+        let long = "p".repeat(250);
+        let problem = name_problem(&long, &address_name(&long, ip("10.0.0.1"))).expect("too long");
+        assert!(problem.contains("more than 253") && problem.contains("namePrefix"));
+        assert!(name_problem("Upper", "Upper-10-0-0-1").is_some());
+        assert!(name_problem("ok.prefix", "ok.prefix-10-0-0-1").is_none());
+    }
 
     #[test]
     fn address_names_follow_upstream() {

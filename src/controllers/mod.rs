@@ -8,12 +8,15 @@
 //! - [`claims`]: claims whose pool does not exist;
 //! - [`data_template`]: Metal3DataClaims → indexes and Metal3Data;
 //! - [`data`]: Metal3Data → IP claims of the right kind, rendered metaData/networkData secrets;
-//! - [`ledger`] and [`intent`]: the per-pool record that makes the API server the judge of every
-//!   allocation, and the pure transaction applied to it;
+//! - [`ledger`], [`intent`] and [`transaction`]: the per-pool record that makes the API server
+//!   the judge of every allocation, the pure transaction applied to it, and how it is read,
+//!   rebuilt and committed;
+//! - [`context`]: what every reconcile shares;
 //! - [`kinds`]: the claim and address kinds behind one interface.
 
 pub mod capi;
 pub mod claims;
+pub mod context;
 pub mod data;
 pub mod data_template;
 pub mod error;
@@ -24,24 +27,24 @@ pub mod metal3;
 pub mod objects;
 pub mod pool;
 pub mod proxy;
+pub mod transaction;
 
-use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+pub use context::{CachedSpace, Context, Settings};
 pub use error::Error;
 
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
@@ -54,86 +57,6 @@ use pool::{PoolDialect, PoolKey};
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 /// Events buffered per subscriber of a shared watch.
 const SUBSCRIBE_BUFFER: usize = 1024;
-
-/// Settings of a running bitpool, from the command line.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Watch claims, addresses and namespaced pools of this namespace only.
-    pub namespace: Option<String>,
-    /// Reconcile only pools and claims labelled `cluster.x-k8s.io/watch-filter=<value>`.
-    pub watch_filter: Option<String>,
-    /// Where the ledgers of cluster-scoped pools live.
-    pub ledger_namespace: String,
-    /// Name the Metal3Data's IP claims `<BareMetalHost>-<pool>`, so that a pool's preAllocations
-    /// give each host the same address across re-provisioning.
-    pub bmh_name_based_preallocation: bool,
-}
-
-/// What every reconcile reads: the client, the settings and the shared caches.
-pub struct Context {
-    pub client: Client,
-    pub settings: Settings,
-    pub claims: Store<IPAddressClaim>,
-    pub addresses: Store<IPAddress>,
-    /// `None` when Cluster API core is not installed (nothing can pause a claim then).
-    pub clusters: Option<Store<Cluster>>,
-    pub pools: Store<InClusterIPPool>,
-    pub global_pools: Store<GlobalInClusterIPPool>,
-    pub ippools: Store<IPPool>,
-    pub ipclaims: Store<IPClaim>,
-    pub metal3_addresses: Store<Metal3IPAddress>,
-    pub data_templates: Store<Metal3DataTemplate>,
-    pub datas: Store<Metal3Data>,
-    pub data_claims: Store<Metal3DataClaim>,
-    orphan_since: Mutex<HashMap<PoolKey, Instant>>,
-    spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
-}
-
-/// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
-/// it from every allocated address.
-pub struct CachedSpace {
-    /// The pool's UID and generation: a new spec means a new space.
-    pub pool: (String, i64),
-    pub ledger_version: String,
-    pub space: crate::alloc::AddressSpace,
-}
-
-impl Context {
-    /// The cached space of `key` if it was built for this pool spec and this ledger version.
-    pub fn take_space(
-        &self,
-        key: &PoolKey,
-        pool: &(String, i64),
-        ledger_version: Option<&str>,
-    ) -> Option<crate::alloc::AddressSpace> {
-        let cached = self.spaces.lock().ok()?.remove(key)?;
-        (&cached.pool == pool && Some(cached.ledger_version.as_str()) == ledger_version)
-            .then_some(cached.space)
-    }
-
-    pub fn keep_space(&self, key: &PoolKey, cached: CachedSpace) {
-        if let Ok(mut spaces) = self.spaces.lock() {
-            spaces.insert(key.clone(), cached);
-        }
-    }
-
-    pub fn orphan_watch(&self, key: &PoolKey) -> Option<Instant> {
-        self.orphan_since.lock().ok()?.get(key).copied()
-    }
-
-    pub fn orphan_watch_start(&self, key: &PoolKey) -> Instant {
-        match self.orphan_since.lock() {
-            Ok(mut map) => *map.entry(key.clone()).or_insert_with(Instant::now),
-            Err(_) => Instant::now(),
-        }
-    }
-
-    pub fn forget_orphans(&self, key: &PoolKey) {
-        if let Ok(mut map) = self.orphan_since.lock() {
-            map.remove(key);
-        }
-    }
-}
 
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
@@ -205,42 +128,61 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Drop for Shared<K> {
     }
 }
 
-fn error_policy<K>(object: Arc<K>, error: &Error, _: Arc<Context>) -> Action
+/// `<Kind> <namespace>/<name>` (or `<Kind> <name>`), naming an object in logs and retry counts.
+fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    let name = object.meta().name.as_deref().unwrap_or_default();
+    match object.meta().namespace.as_deref() {
+        Some(ns) => format!("{} {ns}/{name}", K::kind(&())),
+        None => format!("{} {name}", K::kind(&())),
+    }
+}
+
+fn error_policy<K>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action
 where
     K: Resource<DynamicType = ()>,
 {
-    let name = object.meta().name.clone().unwrap_or_default();
-    tracing::warn!(kind = %K::kind(&()), name = %name, error = %error, error_kind = error.kind(), "reconcile failed");
-    match error.retry_after() {
+    let described = describe(&*object);
+    let retry = ctx.failed(&described, error);
+    tracing::warn!(
+        object = %described,
+        error = %error,
+        error_kind = error.kind(),
+        retry_in = ?retry,
+        "reconcile failed"
+    );
+    match retry {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     }
 }
 
+/// Runs `reconcile` once the caches hold their initial lists and unless shutdown has begun, and
+/// resets the object's retry backoff when it succeeds.
+async fn guarded<K, F, Fut>(
+    object: Arc<K>,
+    ctx: Arc<Context>,
+    reconcile: F,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()>,
+    F: FnOnce(Arc<K>, Arc<Context>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>>,
+{
+    ctx.wait_for_caches().await;
+    if ctx.shutting_down() {
+        return Ok(Action::await_change());
+    }
+    let described = describe(&*object);
+    let result = reconcile(object, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.succeeded(&described);
+    }
+    result
+}
+
 async fn crd_exists(client: &Client, name: &str) -> bool {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     matches!(crds.get_opt(name).await, Ok(Some(_)))
-}
-
-/// Creates the ledger namespace if it is missing (a missing one would stop every global pool).
-async fn ensure_namespace(client: &Client, name: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if let Ok(Some(_)) = namespaces.get_opt(name).await {
-        return;
-    }
-    let namespace = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match namespaces.create(&PostParams::default(), &namespace).await {
-        Ok(_) => tracing::info!(namespace = name, "created the ledger namespace"),
-        Err(e) => {
-            tracing::warn!(namespace = name, error = %e, "cannot create the ledger namespace")
-        }
-    }
 }
 
 /// One shared cache per watched kind.
@@ -258,7 +200,10 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    ensure_namespace(&client, &settings.ledger_namespace).await;
+    if let Err(e) = transaction::ensure_namespace(&client, &settings.ledger_namespace).await {
+        // Retried by every pool that needs its ledger.
+        tracing::warn!(namespace = %settings.ledger_namespace, error = %e, "cannot create the ledger namespace yet");
+    }
     let namespace = settings.namespace.clone();
     let ns = namespace.as_deref();
 
@@ -297,8 +242,7 @@ pub async fn run(
         data_templates: data_templates.store.clone(),
         datas: datas.store.clone(),
         data_claims: data_claims.store.clone(),
-        orphan_since: Mutex::new(HashMap::new()),
-        spaces: Mutex::new(HashMap::new()),
+        state: Default::default(),
     });
 
     let config = ControllerConfig::default().debounce(Duration::from_millis(100));
@@ -366,7 +310,7 @@ pub async fn run(
     let in_cluster = async {
         if let Some(c) = in_cluster {
             drive(c.run(
-                pool::reconcile::<InClusterIPPool>,
+                |o, c| guarded(o, c, pool::reconcile::<InClusterIPPool>),
                 error_policy,
                 ctx.clone(),
             ))
@@ -376,7 +320,7 @@ pub async fn run(
     let global = async {
         if let Some(c) = global {
             drive(c.run(
-                pool::reconcile::<GlobalInClusterIPPool>,
+                |o, c| guarded(o, c, pool::reconcile::<GlobalInClusterIPPool>),
                 error_policy,
                 ctx.clone(),
             ))
@@ -385,34 +329,61 @@ pub async fn run(
     };
     let metal3 = async {
         if let Some(c) = metal3 {
-            drive(c.run(proxy::reconcile, error_policy, ctx.clone())).await;
+            drive(c.run(
+                |o, c| guarded(o, c, proxy::reconcile),
+                error_policy,
+                ctx.clone(),
+            ))
+            .await;
         }
     };
     let orphan_claims = async {
         if let Some(c) = orphan_claims {
-            drive(c.run(claims::reconcile, error_policy, ctx.clone())).await;
+            drive(c.run(
+                |o, c| guarded(o, c, claims::reconcile),
+                error_policy,
+                ctx.clone(),
+            ))
+            .await;
         }
     };
     let metal3_data = async {
         let templates = async {
             if let Some(c) = template_controller {
-                drive(c.run(data_template::reconcile, error_policy, ctx.clone())).await;
+                drive(c.run(
+                    |o, c| guarded(o, c, data_template::reconcile),
+                    error_policy,
+                    ctx.clone(),
+                ))
+                .await;
             }
         };
         let datas = async {
             if let Some(c) = data_controller {
-                drive(c.run(data::reconcile, error_policy, ctx.clone())).await;
+                drive(c.run(
+                    |o, c| guarded(o, c, data::reconcile),
+                    error_policy,
+                    ctx.clone(),
+                ))
+                .await;
             }
         };
         let orphans = async {
             if let Some(c) = orphan_data_claims {
-                drive(c.run(data_template::reconcile_claim, error_policy, ctx.clone())).await;
+                drive(c.run(
+                    |o, c| guarded(o, c, data_template::reconcile_claim),
+                    error_policy,
+                    ctx.clone(),
+                ))
+                .await;
             }
         };
         future::join3(templates, datas, orphans).await;
     };
+    let stopping = ctx.clone();
     let stop_on_shutdown = async move {
         shutdown.await;
+        stopping.begin_shutdown();
         let _ = stop.send(true);
     };
     tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, "controllers started");

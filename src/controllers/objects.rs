@@ -103,6 +103,17 @@ where
     set_finalizer(api, object, finalizer, false).await
 }
 
+/// Merge-patches `name` (metadata or spec).
+pub async fn merge_patch<K>(api: &Api<K>, name: &str, patch: serde_json::Value) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+        .map_err(Error::Kube)
+}
+
 /// Merge-patches `status` of `name`; an object deleted meanwhile needs no status.
 pub async fn merge_status<K>(
     api: &Api<K>,

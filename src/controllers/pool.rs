@@ -15,32 +15,32 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Debug;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::Context;
 use super::error::Error;
-use super::intent::{self, Intent, Refusal, Request};
+use super::intent::{Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, NewAddress, Outcome};
-use super::ledger::{self, Ledger, LedgerRef, Stored};
+use super::ledger::{self, Ledger, LedgerRef};
 use super::objects::{self, FinalizerPatch};
+use super::transaction;
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::IPPoolReference;
 use crate::api::{capi, metal3_ipam};
 
 /// How many API calls of one kind a reconcile runs at once.
 const PARALLEL_CALLS: usize = 16;
-/// Ledger writes attempted before a reconcile gives up and retries later.
-const LEDGER_ATTEMPTS: usize = 8;
+/// How many claims one reconcile allocates for, and how many it releases: a backlog of any
+/// size is served in batches, each committed at once and followed by the next without waiting.
+const BATCH: usize = 500;
 /// How long an address with neither reservation nor object must stay so before a fresh list
 /// decides it is leaked (an address object removed by force, or a crash mid-release).
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
@@ -137,7 +137,7 @@ pub struct Usage {
 }
 
 impl Usage {
-    fn of(space: &AddressSpace) -> Self {
+    pub fn of(space: &AddressSpace) -> Self {
         let counts = space.counts();
         let outside = if counts.out_of_range > 0 {
             space
@@ -205,8 +205,18 @@ pub trait PoolDialect:
     fn address_finalizer(kind: ClaimKind) -> &'static str;
     /// The pool's address objects, from the caches or `fresh` (read from the server).
     fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress>;
-    /// The address object `claim` gets for `lease`.
-    fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Option<NewAddress>;
+    /// The address object `claim` gets for `lease`, or why none can be written.
+    fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String>;
+    /// Why no address object of `family` could be written for `claim` (an invalid name), found
+    /// before an address is allocated for it.
+    fn address_name_problem(&self, _claim: &AnyClaim, _family: alloc::Family) -> Option<String> {
+        None
+    }
+    /// The `preAllocations` key that names `claim`. `shared_names` are the claim names that more
+    /// than one namespace uses among the pool's claims.
+    fn preallocation_key(&self, claim: &AnyClaim, _shared_names: &HashSet<String>) -> String {
+        claim.name()
+    }
     /// The pool's status patch from `report`, or `None` when nothing changed.
     fn status_patch(&self, report: &Report) -> Option<serde_json::Value>;
 }
@@ -244,7 +254,7 @@ async fn fresh_addresses(ctx: &Context, namespace: Option<&str>) -> Result<Fresh
     })
 }
 
-async fn fresh_pool_addresses<P: PoolDialect>(
+pub(super) async fn fresh_pool_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
 ) -> Result<Vec<AnyAddress>, Error> {
@@ -252,98 +262,7 @@ async fn fresh_pool_addresses<P: PoolDialect>(
     Ok(pool.addresses(ctx, Some(&fresh)))
 }
 
-fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<LedgerRef, Error> {
-    let owner = objects::owner_reference(pool, false)
-        .ok_or_else(|| Error::MissingNamespace(pool.name_any()))?;
-    let kind = P::kind(&());
-    Ok(LedgerRef::new(
-        ctx.client.clone(),
-        &pool.ledger_namespace(ctx),
-        ledger::ledger_name(&kind, &pool.name_any()),
-        owner,
-        format!("{}.{}", kind.to_lowercase(), pool.name_any()),
-    ))
-}
-
-/// Reads the ledger, creating it from the pool's address objects the first time.
-async fn load_ledger<P: PoolDialect>(
-    ledger_ref: &LedgerRef,
-    pool: &P,
-    ctx: &Context,
-) -> Result<Stored, Error> {
-    for _ in 0..LEDGER_ATTEMPTS {
-        if let Some(stored) = ledger_ref.load().await? {
-            return Ok(stored);
-        }
-        let existing = fresh_pool_addresses(pool, ctx).await?;
-        let ledger = Ledger::from_addresses(existing.iter().filter_map(AnyAddress::ip));
-        if let Some(stored) = ledger_ref.create(&ledger).await? {
-            tracing::info!(pool = %pool.key().describe(), addresses = existing.len(), "created ledger");
-            return Ok(stored);
-        }
-    }
-    Err(Error::LedgerContention {
-        ledger: ledger_ref.name.clone(),
-        attempts: LEDGER_ATTEMPTS,
-    })
-}
-
-type Outcomes = BTreeMap<String, Result<Lease, Refusal>>;
-
-/// Applies `intent` to the server's ledger, retrying on conflicts with the fresh ledger.
-/// `base` is the pool's empty address space and its fingerprint (`None` when the spec is
-/// invalid); the space that mirrors the written ledger is kept for the next reconcile.
-async fn commit<P: PoolDialect>(
-    ledger_ref: &LedgerRef,
-    pool: &P,
-    ctx: &Context,
-    base: Option<&(AddressSpace, (String, i64))>,
-    intent: &Intent,
-) -> Result<(Ledger, Option<Usage>, Outcomes), Error> {
-    let key = pool.key();
-    let mut rng = StdRng::from_os_rng();
-    let now = objects::now().0.to_string();
-    for _ in 0..LEDGER_ATTEMPTS {
-        let stored = load_ledger(ledger_ref, pool, ctx).await?;
-        let mut space = base.map(|(empty, fingerprint)| {
-            ctx.take_space(&key, fingerprint, stored.version())
-                .unwrap_or_else(|| {
-                    let mut space = empty.clone();
-                    space.mark_all_used(stored.ledger.addresses());
-                    space
-                })
-        });
-        let (next, outcomes) =
-            intent::apply(&stored.ledger, space.as_mut(), intent, &now, &mut rng);
-        let written = if next == stored.ledger {
-            Some(stored)
-        } else {
-            ledger_ref.replace(&stored, &next).await?
-        };
-        let Some(written) = written else {
-            tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
-            continue;
-        };
-        let usage = space.as_ref().map(Usage::of);
-        if let (Some(space), Some((_, fingerprint)), Some(version)) =
-            (space, base, written.version())
-        {
-            ctx.keep_space(
-                &key,
-                super::CachedSpace {
-                    pool: fingerprint.clone(),
-                    ledger_version: version.to_string(),
-                    space,
-                },
-            );
-        }
-        return Ok((next, usage, outcomes));
-    }
-    Err(Error::LedgerContention {
-        ledger: ledger_ref.name.clone(),
-        attempts: LEDGER_ATTEMPTS,
-    })
-}
+pub type Outcomes = BTreeMap<String, Result<Lease, Refusal>>;
 
 /// Runs `f` over `items`, at most [`PARALLEL_CALLS`] at a time.
 async fn in_parallel<T, R, F, Fut>(items: Vec<T>, f: F) -> Vec<R>
@@ -380,6 +299,13 @@ struct Selected {
     releasing: Vec<AnyClaim>,
     /// Earliest end of an address-reuse grace period still running.
     grace_wait: Option<Duration>,
+    /// Every claim naming the pool, as (kind, namespace, name) → UID.
+    all: HashMap<(ClaimKind, String, String), String>,
+    /// Claim names used in more than one namespace.
+    shared_names: HashSet<String>,
+    /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
+    /// again at once.
+    again: bool,
 }
 
 /// Claims are served oldest first (names break ties between claims of the same second).
@@ -410,10 +336,27 @@ async fn select_claims<P: PoolDialect>(
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut claims = pool.claims(ctx);
     claims.sort_by_key(age);
+    let mut namespaces_of: HashMap<String, HashSet<String>> = HashMap::new();
+    for claim in &claims {
+        namespaces_of
+            .entry(claim.name())
+            .or_default()
+            .insert(claim.namespace());
+    }
     let mut selected = Selected {
         live: Vec::new(),
         releasing: Vec::new(),
         grace_wait: None,
+        all: claims
+            .iter()
+            .map(|c| (claim_key(c), c.meta().uid.clone().unwrap_or_default()))
+            .collect(),
+        shared_names: namespaces_of
+            .into_iter()
+            .filter(|(_, namespaces)| namespaces.len() > 1)
+            .map(|(name, _)| name)
+            .collect(),
+        again: false,
     };
     let mut need_finalizer = Vec::new();
     for claim in claims {
@@ -433,11 +376,13 @@ async fn select_claims<P: PoolDialect>(
                         selected.grace_wait =
                             Some(selected.grace_wait.map_or(wait, |w| w.min(wait)));
                     }
-                    None => selected.releasing.push(claim),
+                    None if selected.releasing.len() < BATCH => selected.releasing.push(claim),
+                    None => selected.again = true,
                 }
             }
             None if objects::has_finalizer(claim.meta(), finalizer) => selected.live.push(claim),
-            None => need_finalizer.push(claim),
+            None if need_finalizer.len() < BATCH => need_finalizer.push(claim),
+            None => selected.again = true,
         }
     }
     let added = in_parallel(need_finalizer, |claim| {
@@ -451,8 +396,10 @@ async fn select_claims<P: PoolDialect>(
     })
     .await;
     for (claim, result) in added {
-        if result? == FinalizerPatch::Done {
-            selected.live.push(claim);
+        match result? {
+            FinalizerPatch::Done => selected.live.push(claim),
+            // Changed since the cache saw it: its watch event may already have been handled.
+            FinalizerPatch::Stale => selected.again = true,
         }
     }
     // Oldest first: the finalizer patches above complete in any order.
@@ -479,42 +426,53 @@ fn claim_key(claim: &AnyClaim) -> (ClaimKind, String, String) {
     (claim.kind(), claim.namespace(), claim.name())
 }
 
+/// What one reconcile of a pool does, built up phase by phase.
+#[derive(Default)]
+struct Batch {
+    /// Transaction 1: allocate, bind what is about to lose its address object, confirm.
+    first: Intent,
+    /// Transaction 2: confirm what was created, free what was released, reclaim leaks.
+    second: Intent,
+    to_create: Vec<AnyClaim>,
+    to_delete: Vec<(AnyClaim, AnyAddress)>,
+    /// Address objects whose claim is gone.
+    orphaned: Vec<AnyAddress>,
+    /// Claims whose address is released: their finalizer goes.
+    finished: Vec<AnyClaim>,
+    statuses: Vec<(AnyClaim, Outcome)>,
+    /// Who holds what after this reconcile (claim kind and name → address), for the status.
+    holders: BTreeMap<(ClaimKind, String), IpAddr>,
+    /// The soonest this pool must be reconciled again.
+    next: Option<Duration>,
+}
+
+impl Batch {
+    fn again_within(&mut self, after: Duration) {
+        self.next = Some(self.next.map_or(after, |n| n.min(after)));
+    }
+}
+
 pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let key = pool.key();
     if objects::is_paused(pool.meta()) {
         return Ok(Action::await_change());
     }
     if pool.paused_by_cluster(&ctx) {
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
-    let pool_api = pool.api_for(ctx.client.clone());
-    let ledger_ref = ledger_of(&*pool, &ctx)?;
     // A pool being deleted still releases its claims' addresses, but hands out none.
     let deleting = pool.meta().deletion_timestamp.is_some();
     if deleting && !objects::has_finalizer(pool.meta(), P::FINALIZER) {
         return Ok(Action::await_change());
     }
-    if !deleting {
-        if objects::add_finalizer(&pool_api, &*pool, P::FINALIZER).await? == FinalizerPatch::Stale {
-            return Ok(Action::requeue(Duration::from_millis(200)));
-        }
-        if let Some(patch) = pool.metadata_patch(&ctx) {
-            pool_api
-                .patch(
-                    &pool.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(patch),
-                )
-                .await
-                .map_err(Error::Kube)?;
-        }
+    if !deleting && prepare_pool(&*pool, &ctx).await? == FinalizerPatch::Stale {
+        return Ok(Action::requeue(Duration::from_millis(200)));
     }
-
+    let ledger_ref = transaction::ledger_of(&*pool, &ctx);
     let fingerprint = (
         pool.uid().unwrap_or_default(),
         pool.meta().generation.unwrap_or_default(),
     );
-    let (space, spec_error) = if deleting {
+    let (base, spec_error) = if deleting {
         (None, Some("the pool is being deleted".to_string()))
     } else {
         match pool.space() {
@@ -523,12 +481,146 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         }
     };
 
+    // Read and plan.
     let claims = select_claims(&*pool, &ctx, deleting).await?;
     let addresses = index_addresses(pool.addresses(&ctx, None));
+    let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
+    batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
+    // Ledger trouble must not hold up releases: it is reported once they are done.
+    let mut ledger_error = None;
+    let live_objects = addresses
+        .values()
+        .any(|a| a.meta().deletion_timestamp.is_none());
+    let repaired = repair_record(
+        &*pool,
+        &ctx,
+        &ledger_ref,
+        &addresses,
+        !deleting && live_objects,
+        &mut batch.first,
+    )
+    .await;
+    keep_first(&mut ledger_error, repaired);
 
-    // Transaction 1: allocate, bind what is about to lose its address object, confirm what exists.
-    let mut first = Intent::default();
-    let mut to_create = Vec::new();
+    // Commit, apply, commit.
+    let create = !deleting && !batch.first.allocate.is_empty();
+    let first = transaction::commit(
+        &ledger_ref,
+        &*pool,
+        &ctx,
+        base.as_ref(),
+        &batch.first,
+        create,
+    )
+    .await;
+    let outcomes = keep_first(&mut ledger_error, first)
+        .map(|(_, _, outcomes)| outcomes)
+        .unwrap_or_default();
+    let committed = Instant::now();
+    let key = pool.key();
+    create_addresses(&*pool, &ctx, &mut batch, &outcomes, committed, &spec_error).await;
+    delete_addresses(&*pool, &ctx, &mut batch).await?;
+    let unexplained = unexplained(&*pool, &ctx, &ledger_ref, &addresses).await;
+    batch.second.release_unbound = keep_first(&mut ledger_error, unexplained).unwrap_or_default();
+    let vanished = vanished_reservations(&*pool, &ctx, &ledger_ref, &claims).await;
+    batch
+        .second
+        .release_claims
+        .extend(keep_first(&mut ledger_error, vanished).unwrap_or_default());
+    let second = transaction::commit(
+        &ledger_ref,
+        &*pool,
+        &ctx,
+        base.as_ref(),
+        &batch.second,
+        false,
+    )
+    .await;
+    let (ledger, usage) = keep_first(&mut ledger_error, second)
+        .map(|(ledger, usage, _)| (ledger, usage))
+        .unwrap_or_default();
+    if !batch.first.allocate.is_empty() || !batch.second.is_empty() {
+        tracing::info!(
+            pool = %key.describe(),
+            pending = batch.first.allocate.len(),
+            created = batch.second.confirm.len(),
+            released = batch.second.release_claims.len(),
+            reclaimed = batch.second.release_unbound.len() + batch.orphaned.len(),
+            "reconciled"
+        );
+    }
+
+    // Report.
+    finish_claims(
+        &ctx,
+        &key,
+        std::mem::take(&mut batch.finished),
+        P::claim_finalizer,
+    )
+    .await?;
+    write_statuses(&ctx, &key, std::mem::take(&mut batch.statuses)).await;
+    if let Some(e) = ledger_error {
+        return Err(e);
+    }
+    if deleting {
+        return finish_pool_deletion(&*pool, &ctx).await;
+    }
+    let report = Report {
+        usage: usage.as_ref(),
+        ledger: &ledger,
+        spec_error: spec_error.as_deref(),
+        holders: &batch.holders,
+    };
+    if let Some(patch) = pool.status_patch(&report) {
+        let api = pool.api_for(ctx.client.clone());
+        objects::merge_status(&api, &pool.name_any(), patch).await?;
+    }
+    let next = next_check(&batch, &outcomes, &claims, &ctx, &key);
+    tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
+    Ok(Action::requeue(next))
+}
+
+/// `result`'s value, remembering its error in `first` unless an earlier one is there.
+fn keep_first<T>(first: &mut Option<Error>, result: Result<T, Error>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(e) => {
+            first.get_or_insert(e);
+            None
+        }
+    }
+}
+
+/// The pool's own finalizer and metadata.
+async fn prepare_pool<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<FinalizerPatch, Error> {
+    let api = pool.api_for(ctx.client.clone());
+    if objects::add_finalizer(&api, pool, P::FINALIZER).await? == FinalizerPatch::Stale {
+        return Ok(FinalizerPatch::Stale);
+    }
+    if let Some(patch) = pool.metadata_patch(ctx) {
+        objects::merge_patch(&api, &pool.name_any(), patch).await?;
+    }
+    Ok(FinalizerPatch::Done)
+}
+
+/// Transaction 1 and the work around it, from the selected claims and the cached addresses.
+async fn plan<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    claims: &Selected,
+    addresses: &AddressIndex,
+    base: Option<&transaction::Base>,
+) -> Result<Batch, Error> {
+    let mut batch = Batch {
+        holders: addresses
+            .iter()
+            .filter_map(|((kind, _, claim), a)| Some(((*kind, claim.clone()), a.ip()?)))
+            .collect(),
+        ..Default::default()
+    };
+    if claims.again {
+        batch.again_within(Duration::ZERO);
+    }
     for claim in &claims.live {
         let Some(id) = claim.id() else { continue };
         match addresses
@@ -536,27 +628,47 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
             .and_then(|a| Some((a.ip()?, a)))
         {
             Some((ip, object)) if object.meta().deletion_timestamp.is_some() => {
-                first.bind.push((ip, id))
+                batch.first.bind.push((ip, id))
             }
-            Some((ip, _)) => first.confirm.push((ip, id.uid)),
+            Some((ip, object)) => {
+                batch.first.confirm.push((ip, id.uid));
+                batch.statuses.push((
+                    claim.clone(),
+                    Outcome::Allocated {
+                        address_name: object.name(),
+                        address: ip,
+                    },
+                ));
+            }
             None => {
-                to_create.push(claim.clone());
-                first.allocate.push(Request {
+                let problem =
+                    base.and_then(|(space, _)| pool.address_name_problem(claim, space.family()));
+                if let Some(problem) = problem {
+                    batch
+                        .statuses
+                        .push((claim.clone(), Outcome::Failed(problem)));
+                    continue;
+                }
+                if batch.to_create.len() >= BATCH {
+                    batch.again_within(Duration::ZERO);
+                    continue;
+                }
+                batch.to_create.push(claim.clone());
+                batch.first.allocate.push(Request {
+                    preallocation_key: pool.preallocation_key(claim, &claims.shared_names),
                     claim: id,
                     requested: claim.requested(),
                 });
             }
         }
     }
-    let mut to_delete = Vec::new();
-    let mut released_without_address = Vec::new();
     // A stale cache may miss a just-created address object: ask the server before concluding.
     let fresh = if claims
         .releasing
         .iter()
         .any(|c| !addresses.contains_key(&claim_key(c)))
     {
-        Some(index_addresses(fresh_pool_addresses(&*pool, &ctx).await?))
+        Some(index_addresses(fresh_pool_addresses(pool, ctx).await?))
     } else {
         None
     };
@@ -567,57 +679,62 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
             .or_else(|| fresh.as_ref()?.get(&claim_key(claim)));
         match object.and_then(|a| Some((a.ip()?, a))) {
             Some((ip, a)) => {
-                first.bind.push((ip, id));
-                to_delete.push((claim.clone(), a.clone()));
+                batch.first.bind.push((ip, id));
+                batch.to_delete.push((claim.clone(), a.clone()));
             }
             None => {
-                first.release_claims.push(id.uid);
-                released_without_address.push(claim.clone());
+                batch.first.release_claims.push(id.uid);
+                batch.finished.push(claim.clone());
             }
         }
     }
-    first.adopt = adoptable(&*pool, &ctx, &ledger_ref, &addresses).await?;
-    let (_, _, outcomes) = commit(&ledger_ref, &*pool, &ctx, space.as_ref(), &first).await?;
+    Ok(batch)
+}
 
-    // Apply: create address objects for new reservations, delete those of released claims.
-    let mut statuses: Vec<(AnyClaim, Outcome)> = Vec::new();
-    // Who holds what after this reconcile: every address object, plus what is created below,
-    // minus what is released.
-    let mut holders: BTreeMap<(ClaimKind, String), IpAddr> = addresses
-        .iter()
-        .filter_map(|((kind, _, claim), a)| Some(((*kind, claim.clone()), a.ip()?)))
-        .collect();
-    let mut second = Intent::default();
-    let creations: Vec<(AnyClaim, Lease, Option<NewAddress>)> = to_create
-        .into_iter()
-        .filter_map(|claim| match outcomes.get(&claim.id()?.uid)? {
-            Ok(lease) => {
-                let object = pool.new_address(&claim, lease);
-                Some((claim, lease.clone(), object))
-            }
-            Err(refusal) => {
-                statuses.push((
-                    claim,
-                    Outcome::Refused {
-                        refusal: refusal.clone(),
-                        pool: key.describe(),
-                        spec_error: spec_error.clone(),
-                    },
-                ));
-                None
-            }
-        })
-        .collect();
+/// Creates the address objects of the reservations just committed, and records the outcomes.
+/// Nothing is created once [`ledger::CREATE_WINDOW`] has passed since the commit (a process that
+/// lost the record may be rebuilding it) or once shutdown has begun: the next reconcile commits
+/// again and resumes with the same reservations.
+async fn create_addresses<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    batch: &mut Batch,
+    outcomes: &Outcomes,
+    committed: Instant,
+    spec_error: &Option<String>,
+) {
+    let key = pool.key();
+    let mut creations: Vec<(AnyClaim, Lease, Result<NewAddress, String>)> = Vec::new();
+    for claim in std::mem::take(&mut batch.to_create) {
+        let Some(outcome) = claim.id().and_then(|id| outcomes.get(&id.uid)) else {
+            continue;
+        };
+        match outcome {
+            Ok(lease) => creations.push((
+                claim.clone(),
+                lease.clone(),
+                pool.new_address(&claim, lease),
+            )),
+            Err(Refusal::Deferred) => batch.again_within(Duration::ZERO),
+            Err(refusal) => batch.statuses.push((
+                claim,
+                Outcome::Refused {
+                    refusal: refusal.clone(),
+                    pool: key.describe(),
+                    spec_error: spec_error.clone(),
+                },
+            )),
+        }
+    }
     let created = in_parallel(creations, |(claim, lease, object)| {
         let ctx = ctx.clone();
         async move {
             let result = match &object {
-                Some(object) => object.create(&ctx).await,
-                None => Ok(Created::Conflict(
-                    "the claim has no name or namespace".into(),
-                )),
+                _ if ctx.shutting_down() || committed.elapsed() > ledger::CREATE_WINDOW => None,
+                Ok(object) => Some(object.create(&ctx, &claim).await),
+                Err(problem) => Some(Ok(Created::Conflict(problem.clone()))),
             };
-            (claim, lease, object.map(|o| o.name()), result)
+            (claim, lease, object.map(|o| o.name()).ok(), result)
         }
     })
     .await;
@@ -626,10 +743,13 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
             continue;
         };
         match result {
-            Ok(Created::Confirmed) => {
-                second.confirm.push((lease.address, uid));
-                holders.insert((claim.kind(), claim.name()), lease.address);
-                statuses.push((
+            None => batch.again_within(Duration::ZERO),
+            Some(Ok(Created::Confirmed)) => {
+                batch.second.confirm.push((lease.address, uid));
+                batch
+                    .holders
+                    .insert((claim.kind(), claim.name()), lease.address);
+                batch.statuses.push((
                     claim,
                     Outcome::Allocated {
                         address_name: object_name.unwrap_or_default(),
@@ -637,37 +757,49 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
                     },
                 ));
             }
-            Ok(Created::Conflict(message)) => {
-                // The name is taken by another object: this reservation is not needed.
-                second.release.push((lease.address, uid));
-                statuses.push((claim, Outcome::Failed(message)));
+            Some(Ok(Created::Own(address))) => {
+                // The claim's object existed with another address (a cache that had not seen
+                // it): that one is the claim's, the new reservation is not needed.
+                batch.second.release.push((lease.address, uid.clone()));
+                batch.second.confirm.push((address, uid));
+                batch.holders.insert((claim.kind(), claim.name()), address);
+                batch.statuses.push((
+                    claim,
+                    Outcome::Allocated {
+                        address_name: object_name.unwrap_or_default(),
+                        address,
+                    },
+                ));
             }
-            Err(e) => {
-                tracing::warn!(claim = %claim.name(), error = %e, "creating the address object failed; retrying");
-                statuses.push((
+            Some(Ok(Created::Conflict(message))) => {
+                // The name is taken by another object: this reservation is not needed.
+                batch.second.release.push((lease.address, uid));
+                batch.statuses.push((claim, Outcome::Failed(message)));
+            }
+            Some(Err(e)) => {
+                tracing::warn!(
+                    pool = %key.describe(),
+                    claim = %claim.describe(),
+                    error = %e,
+                    "creating the address object failed; retrying"
+                );
+                batch.again_within(Duration::from_secs(1));
+                batch.statuses.push((
                     claim,
                     Outcome::Failed(format!("creating the address object failed: {e}")),
                 ));
             }
         }
     }
-    for claim in &claims.live {
-        if let Some((address, ip)) = addresses
-            .get(&claim_key(claim))
-            .and_then(|a| Some((a, a.ip()?)))
-        {
-            holders.insert((claim.kind(), claim.name()), ip);
-            statuses.push((
-                claim.clone(),
-                Outcome::Allocated {
-                    address_name: address.name(),
-                    address: ip,
-                },
-            ));
-        }
-    }
+}
 
-    let deletions = in_parallel(to_delete, |(claim, address)| {
+/// Deletes the address objects of released claims and of claims that are gone.
+async fn delete_addresses<P: PoolDialect>(
+    _pool: &P,
+    ctx: &Arc<Context>,
+    batch: &mut Batch,
+) -> Result<(), Error> {
+    let deletions = in_parallel(std::mem::take(&mut batch.to_delete), |(claim, address)| {
         let ctx = ctx.clone();
         async move {
             let gone = address
@@ -677,130 +809,242 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         }
     })
     .await;
-    let mut finished = released_without_address;
-    let mut waiting_for_deletion = false;
     for (claim, gone) in deletions {
         if gone? {
-            second.release_claims.extend(claim.meta().uid.clone());
-            holders.remove(&(claim.kind(), claim.name()));
-            finished.push(claim);
+            batch.second.release_claims.extend(claim.meta().uid.clone());
+            batch.holders.remove(&(claim.kind(), claim.name()));
+            batch.finished.push(claim);
         } else {
-            waiting_for_deletion = true;
+            batch.again_within(Duration::from_secs(1));
         }
     }
-
-    // Transaction 2: confirm what was created, free what was released, reclaim leaks.
-    second.release_unbound = orphans(&*pool, &ctx, &ledger_ref, &addresses).await?;
-    let (ledger, usage, _) = commit(&ledger_ref, &*pool, &ctx, space.as_ref(), &second).await?;
-    if !first.allocate.is_empty() || !second.is_empty() {
-        tracing::info!(
-            pool = %key.describe(),
-            pending = first.allocate.len(),
-            created = second.confirm.len(),
-            released = second.release_claims.len(),
-            reclaimed = second.release_unbound.len(),
-            "reconciled"
-        );
+    let orphans = in_parallel(std::mem::take(&mut batch.orphaned), |address| {
+        let ctx = ctx.clone();
+        async move {
+            let gone = address
+                .delete(&ctx, P::address_finalizer(address.claim().0))
+                .await;
+            (address, gone)
+        }
+    })
+    .await;
+    for (address, gone) in orphans {
+        match (gone?, address.ip()) {
+            (true, Some(ip)) => {
+                tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
+                batch.holders.remove(&address.claim());
+                batch
+                    .second
+                    .release
+                    .push((ip, address.claim_uid().unwrap_or_default()));
+            }
+            _ => batch.again_within(Duration::from_secs(1)),
+        }
     }
+    Ok(())
+}
 
+async fn finish_claims(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    finished: Vec<AnyClaim>,
+    finalizer: fn(ClaimKind) -> &'static str,
+) -> Result<(), Error> {
     let removals = in_parallel(finished, |claim| {
         let ctx = ctx.clone();
         async move {
-            claim
-                .set_finalizer(&ctx, P::claim_finalizer(claim.kind()), false)
-                .await
+            let result = claim
+                .set_finalizer(&ctx, finalizer(claim.kind()), false)
+                .await;
+            (claim, result)
         }
     })
     .await;
-    for removal in removals {
-        removal?;
+    for (claim, removal) in removals {
+        if let Err(e) = removal {
+            tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "releasing the claim's finalizer failed");
+            return Err(e);
+        }
     }
+    Ok(())
+}
+
+async fn write_statuses(ctx: &Arc<Context>, key: &PoolKey, statuses: Vec<(AnyClaim, Outcome)>) {
     let writes = in_parallel(statuses, |(claim, outcome)| {
         let ctx = ctx.clone();
-        async move { claim.write_status(&ctx, &outcome).await }
+        async move {
+            let result = claim.write_status(&ctx, &outcome).await;
+            (claim, result)
+        }
     })
     .await;
-    for write in writes {
+    for (claim, write) in writes {
         if let Err(e) = write {
-            tracing::warn!(pool = %key.describe(), error = %e, "claim status not written; retrying later");
+            tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "claim status not written; retrying later");
         }
     }
+}
 
-    if deleting {
-        return finish_pool_deletion(&*pool, &pool_api, &ctx, &ledger_ref).await;
-    }
-    let report = Report {
-        usage: usage.as_ref(),
-        ledger: &ledger,
-        spec_error: spec_error.as_deref(),
-        holders: &holders,
+/// When to look at the pool again.
+fn next_check(
+    batch: &Batch,
+    outcomes: &Outcomes,
+    claims: &Selected,
+    ctx: &Context,
+    key: &PoolKey,
+) -> Duration {
+    let mut next = batch.next.unwrap_or(RESYNC);
+    let waiting = |refusal: fn(&Refusal) -> bool| {
+        outcomes
+            .values()
+            .any(|o| o.as_ref().err().is_some_and(refusal))
     };
-    if let Some(patch) = pool.status_patch(&report) {
-        objects::merge_status(&pool_api, &pool.name_any(), patch).await?;
-    }
-
-    let mut next = RESYNC;
-    // Claims refused for exhaustion in the first transaction get the addresses freed in the
-    // second one at once, instead of waiting for another event to trigger a reconcile.
-    let exhausted = outcomes
-        .values()
-        .any(|o| matches!(o, Err(Refusal::Alloc(alloc::AllocError::Exhausted))));
-    let freed = !second.release.is_empty()
-        || !second.release_claims.is_empty()
-        || !second.release_unbound.is_empty();
+    let exhausted = waiting(|r| matches!(r, Refusal::Alloc(alloc::AllocError::Exhausted)));
+    let freed = !batch.second.release.is_empty()
+        || !batch.second.release_claims.is_empty()
+        || !batch.second.release_unbound.is_empty();
     if exhausted && freed {
-        next = Duration::from_millis(100);
+        // Claims refused for exhaustion in the first transaction get what the second freed.
+        next = next.min(Duration::from_millis(100));
     } else if exhausted {
         // A release normally triggers a reconcile by its events; this is the safety net.
         next = next.min(EXHAUSTED_RECHECK);
     }
+    if waiting(|r| matches!(r, Refusal::Fenced { .. })) {
+        next = next.min(Duration::from_secs(5));
+    }
     if let Some(wait) = claims.grace_wait {
         next = next.min(wait);
     }
-    if waiting_for_deletion {
-        next = next.min(Duration::from_secs(1));
-    }
-    if ctx.orphan_watch(&key).is_some() {
+    if ctx.orphan_watch(key).is_some() {
         next = next.min(ORPHAN_GRACE);
     }
-    Ok(Action::requeue(next))
+    next
 }
 
-/// Address objects of the pool the ledger does not list, verified on the server (an address
-/// that another provider allocated before bitpool took over, for example).
-async fn adoptable<P: PoolDialect>(
+/// What the ledger must learn from the live address objects: an address object it does not list
+/// means the record lost something (a hand edit, a restore, another provider): the objects are
+/// adopted and the rebuild fence starts. When a fence is over, a fresh list is adopted and the
+/// fence ends.
+async fn repair_record<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     ledger_ref: &LedgerRef,
     addresses: &AddressIndex,
-) -> Result<Vec<IpAddr>, Error> {
-    let ledger = load_ledger(ledger_ref, pool, ctx).await?.ledger;
-    if addresses
+    create: bool,
+    intent: &mut Intent,
+) -> Result<(), Error> {
+    let Some(stored) = transaction::load(ledger_ref, pool, ctx, create).await? else {
+        return Ok(());
+    };
+    let ledger = stored.ledger;
+    let fence_over =
+        ledger.rebuilt_at.is_some() && ledger.fenced_until(&objects::now().0.to_string()).is_none();
+    let unlisted = addresses
         .values()
         .filter_map(AnyAddress::ip)
-        .all(|ip| ledger.contains(ip))
-    {
-        return Ok(Vec::new());
+        .any(|ip| !ledger.contains(ip));
+    if !fence_over && !unlisted {
+        return Ok(());
     }
     let fresh = fresh_pool_addresses(pool, ctx).await?;
-    Ok(fresh
+    intent.adopt = fresh
         .iter()
         .filter_map(AnyAddress::ip)
         .filter(|ip| !ledger.contains(*ip))
-        .collect())
+        .collect();
+    if let (false, Some(first)) = (fence_over, intent.adopt.first()) {
+        intent.fence = Some(format!(
+            "{} did not list {} live address object(s) of the pool (for example {first})",
+            ledger_ref.describe(),
+            intent.adopt.len()
+        ));
+    }
+    intent.end_fence = fence_over;
+    Ok(())
+}
+
+/// Address objects of the pool whose claim is gone (checked on the server): left behind by a
+/// crash between a claim's release and its address object's deletion, or created from a stale
+/// view of a claim that was being deleted.
+async fn orphaned_objects(
+    ctx: &Context,
+    claims: &Selected,
+    addresses: &AddressIndex,
+) -> Result<Vec<AnyAddress>, Error> {
+    let mut orphaned = Vec::new();
+    for ((kind, namespace, name), address) in addresses {
+        let owner = address.claim_uid();
+        let known = claims
+            .all
+            .get(&(*kind, namespace.clone(), name.clone()))
+            .is_some_and(|uid| owner.as_ref().is_none_or(|o| o == uid));
+        if known {
+            continue;
+        }
+        let current = AnyClaim::fetch(ctx, *kind, namespace, name).await?;
+        let alive = current.is_some_and(|uid| owner.as_ref().is_none_or(|o| *o == uid));
+        if !alive {
+            orphaned.push(address.clone());
+        }
+    }
+    Ok(orphaned)
+}
+
+/// Reservations whose claim no longer exists (checked on the server once they are older than
+/// [`ORPHAN_GRACE`]): a claim deleted while its allocation was in flight.
+async fn vanished_reservations<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    ledger_ref: &LedgerRef,
+    claims: &Selected,
+) -> Result<Vec<String>, Error> {
+    let Some(stored) = transaction::load(ledger_ref, pool, ctx, false).await? else {
+        return Ok(Vec::new());
+    };
+    let known: HashSet<&String> = claims.all.values().collect();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let mut vanished = Vec::new();
+    for reservation in stored.ledger.pending.values() {
+        let old = reservation
+            .since
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .is_ok_and(|since| now.duration_since(since).unsigned_abs() > ORPHAN_GRACE);
+        if known.contains(&reservation.claim_uid) || !old {
+            continue;
+        }
+        let mut alive = false;
+        for kind in [ClaimKind::Capi, ClaimKind::Metal3] {
+            let uid = AnyClaim::fetch(
+                ctx,
+                kind,
+                &reservation.claim_namespace,
+                &reservation.claim_name,
+            )
+            .await?;
+            alive |= uid.as_ref() == Some(&reservation.claim_uid);
+        }
+        if !alive {
+            vanished.push(reservation.claim_uid.clone());
+        }
+    }
+    Ok(vanished)
 }
 
 /// Addresses the ledger holds with neither a reservation nor an object. Once that has been
 /// seen for [`ORPHAN_GRACE`], a fresh list of the pool's address objects decides which are
 /// leaked.
-async fn orphans<P: PoolDialect>(
+async fn unexplained<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     ledger_ref: &LedgerRef,
     addresses: &AddressIndex,
 ) -> Result<Vec<IpAddr>, Error> {
     let key = pool.key();
-    let ledger = load_ledger(ledger_ref, pool, ctx).await?.ledger;
+    let Some(stored) = transaction::load(ledger_ref, pool, ctx, false).await? else {
+        return Ok(Vec::new());
+    };
+    let ledger = stored.ledger;
     let held: HashSet<IpAddr> = addresses.values().filter_map(AnyAddress::ip).collect();
     let unexplained = |ip: &IpAddr, held: &HashSet<IpAddr>| {
         !held.contains(ip) && !ledger.pending.contains_key(&ip.to_string())
@@ -830,12 +1074,8 @@ async fn orphans<P: PoolDialect>(
 
 /// A pool being deleted keeps its finalizer while any address object refers to it, unless it
 /// carries the skip annotation (for `clusterctl move`).
-async fn finish_pool_deletion<P: PoolDialect>(
-    pool: &P,
-    api: &Api<P>,
-    ctx: &Context,
-    ledger_ref: &LedgerRef,
-) -> Result<Action, Error> {
+async fn finish_pool_deletion<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<Action, Error> {
+    let api = pool.api_for(ctx.client.clone());
     let skip = pool
         .annotations()
         .contains_key(crate::api::capi_pools::SKIP_DELETE_CHECK_ANNOTATION);
@@ -857,17 +1097,7 @@ async fn finish_pool_deletion<P: PoolDialect>(
             .await;
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    // The ledger goes with the pool (it is owned by it); delete it now rather than wait for GC.
-    let ledgers: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(ctx.client.clone(), &ledger_ref.namespace);
-    match ledgers
-        .delete(&ledger_ref.name, &DeleteParams::default())
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => {}
-        Err(e) => return Err(Error::Kube(e)),
-    }
-    objects::remove_finalizer(api, pool, P::FINALIZER).await?;
+    transaction::forget(pool, ctx).await?;
+    objects::remove_finalizer(&api, pool, P::FINALIZER).await?;
     Ok(Action::await_change())
 }

@@ -214,8 +214,8 @@ async fn reconcile_proxy(
                 ) else {
                     continue;
                 };
-                let outcome = match object.create(&ctx).await? {
-                    super::kinds::Created::Confirmed => {
+                let outcome = match object.create(&ctx, &any).await? {
+                    super::kinds::Created::Confirmed | super::kinds::Created::Own(_) => {
                         indexes.insert(name.clone(), address.spec.address.clone());
                         Outcome::Allocated {
                             address_name: object.name(),

@@ -1,0 +1,130 @@
+//! The Kubernetes client of `bitpool run`: where it connects (and saying so when it cannot), and
+//! a client-side rate limit like Cluster API managers' `--kube-api-qps` / `--kube-api-burst`.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use kube::client::ClientBuilder;
+use kube::{Client, Config};
+use tower::{Layer, Service};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot load a Kubernetes configuration ({source}): set KUBECONFIG, or run in a pod")]
+    Config {
+        #[source]
+        source: kube::config::InferConfigError,
+    },
+    #[error("cannot build a client for {server}: {source}")]
+    Build {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "cannot reach the Kubernetes API server at {server} (configured by {origin}): {source}"
+    )]
+    Unreachable {
+        server: String,
+        origin: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Requests per second and burst for the client.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub qps: NonZeroU32,
+    pub burst: NonZeroU32,
+}
+
+/// Where the configuration came from, for messages.
+fn origin() -> String {
+    match std::env::var("KUBECONFIG") {
+        Ok(path) if !path.is_empty() => format!("KUBECONFIG={path}"),
+        _ if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            "the pod's service account".to_string()
+        }
+        _ => "~/.kube/config".to_string(),
+    }
+}
+
+/// A client for the configured cluster, rate limited, after checking that the API server answers.
+pub async fn connect(limits: Limits) -> Result<Client, Error> {
+    let config = Config::infer()
+        .await
+        .map_err(|source| Error::Config { source })?;
+    let server = config.cluster_url.to_string();
+    let limiter = Arc::new(RateLimiter::direct(
+        Quota::per_second(limits.qps).allow_burst(limits.burst),
+    ));
+    let builder = ClientBuilder::try_from(config).map_err(|source| Error::Build {
+        server: server.clone(),
+        source,
+    })?;
+    let client = builder
+        .with_layer(&tower::buffer::BufferLayer::new(1024))
+        .with_layer(&ThrottleLayer { limiter })
+        .build();
+    client
+        .apiserver_version()
+        .await
+        .map_err(|source| Error::Unreachable {
+            server,
+            origin: origin(),
+            source,
+        })?;
+    Ok(client)
+}
+
+/// Delays each request until the rate limiter lets it through.
+struct ThrottleLayer {
+    limiter: Arc<DefaultDirectRateLimiter>,
+}
+
+impl<S> Layer<S> for ThrottleLayer {
+    type Service = Throttle<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Throttle {
+            inner,
+            limiter: self.limiter.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Throttle<S> {
+    inner: S,
+    limiter: Arc<DefaultDirectRateLimiter>,
+}
+
+impl<S, R> Service<R> for Throttle<S>
+where
+    S: Service<R> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        // The instance that was polled ready serves this request; a fresh clone the next one.
+        let fresh = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, fresh);
+        let limiter = self.limiter.clone();
+        Box::pin(async move {
+            limiter.until_ready().await;
+            ready.call(request).await
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! What every reconcile shares: the client, the settings, the watch caches, and a little
+//! process-wide state (cached address spaces, orphan timers, retry counts, shutdown).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::runtime::reflector::Store;
+
+use super::error::{self, Error};
+use super::pool::PoolKey;
+use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
+use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
+use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
+
+/// Settings of a running bitpool, from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch claims, addresses and namespaced pools of this namespace only.
+    pub namespace: Option<String>,
+    /// Reconcile only pools and claims labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// Where the pools' ledgers live.
+    pub ledger_namespace: String,
+    /// Name the Metal3Data's IP claims `<BareMetalHost>-<pool>`, so that a pool's preAllocations
+    /// give each host the same address across re-provisioning.
+    pub bmh_name_based_preallocation: bool,
+}
+
+/// What every reconcile reads: the client, the settings and the shared caches.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub claims: Store<IPAddressClaim>,
+    pub addresses: Store<IPAddress>,
+    /// `None` when Cluster API core is not installed (nothing can pause a claim then).
+    pub clusters: Option<Store<Cluster>>,
+    pub pools: Store<InClusterIPPool>,
+    pub global_pools: Store<GlobalInClusterIPPool>,
+    pub ippools: Store<IPPool>,
+    pub ipclaims: Store<IPClaim>,
+    pub metal3_addresses: Store<Metal3IPAddress>,
+    pub data_templates: Store<Metal3DataTemplate>,
+    pub datas: Store<Metal3Data>,
+    pub data_claims: Store<Metal3DataClaim>,
+    pub state: ProcessState,
+}
+
+/// What a process remembers between reconciles.
+#[derive(Default)]
+pub struct ProcessState {
+    orphan_since: Mutex<HashMap<PoolKey, Instant>>,
+    spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
+    /// Consecutive failed reconciles per object (`<Kind> <namespace>/<name>`).
+    failures: Mutex<HashMap<String, u32>>,
+    shutdown: AtomicBool,
+}
+
+/// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
+/// it from every allocated address.
+pub struct CachedSpace {
+    /// The pool's UID and generation: a new spec means a new space.
+    pub pool: (String, i64),
+    pub ledger_version: String,
+    pub space: crate::alloc::AddressSpace,
+}
+
+impl Context {
+    /// Which pool serves claims that name `key`: the one answer every controller asks.
+    /// False when no pool of a kind bitpool serves exists under that name.
+    pub fn pool_exists(&self, key: &PoolKey) -> bool {
+        fn cached<K>(store: &Store<K>, key: &PoolKey) -> bool
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            key.object_ref::<K>()
+                .is_some_and(|r| store.get(&r).is_some())
+        }
+        match key.kind.as_str() {
+            "InClusterIPPool" => cached(&self.pools, key),
+            "GlobalInClusterIPPool" => cached(&self.global_pools, key),
+            metal3_ipam::POOL_KIND => cached(&self.ippools, key),
+            _ => false,
+        }
+    }
+
+    /// Waits until every watch cache holds its initial list: a reconcile that ran before would
+    /// take a claim whose address object is not cached yet for one without an address.
+    pub async fn wait_for_caches(&self) {
+        async fn ready<K: kube::Resource<DynamicType = ()> + Clone + 'static>(store: &Store<K>) {
+            let kind = K::kind(&()).to_string();
+            let mut waited = Duration::ZERO;
+            loop {
+                match tokio::time::timeout(Duration::from_secs(10), store.wait_until_ready()).await
+                {
+                    // A dropped writer means the process is stopping.
+                    Ok(_) => return,
+                    Err(_) => {
+                        waited += Duration::from_secs(10);
+                        tracing::warn!(kind = %kind, waited = ?waited, "the watch cache has not received its initial list yet");
+                    }
+                }
+            }
+        }
+        ready(&self.claims).await;
+        ready(&self.addresses).await;
+        ready(&self.pools).await;
+        ready(&self.global_pools).await;
+        ready(&self.ippools).await;
+        ready(&self.ipclaims).await;
+        ready(&self.metal3_addresses).await;
+        ready(&self.data_templates).await;
+        ready(&self.datas).await;
+        ready(&self.data_claims).await;
+        if let Some(clusters) = &self.clusters {
+            ready(clusters).await;
+        }
+    }
+
+    /// The cached space of `key` if it was built for this pool spec and this ledger version.
+    pub fn take_space(
+        &self,
+        key: &PoolKey,
+        pool: &(String, i64),
+        ledger_version: Option<&str>,
+    ) -> Option<crate::alloc::AddressSpace> {
+        let cached = self.state.spaces.lock().ok()?.remove(key)?;
+        (&cached.pool == pool && Some(cached.ledger_version.as_str()) == ledger_version)
+            .then_some(cached.space)
+    }
+
+    pub fn keep_space(&self, key: &PoolKey, cached: CachedSpace) {
+        if let Ok(mut spaces) = self.state.spaces.lock() {
+            spaces.insert(key.clone(), cached);
+        }
+    }
+
+    pub fn orphan_watch(&self, key: &PoolKey) -> Option<Instant> {
+        self.state.orphan_since.lock().ok()?.get(key).copied()
+    }
+
+    pub fn orphan_watch_start(&self, key: &PoolKey) -> Instant {
+        match self.state.orphan_since.lock() {
+            Ok(mut map) => *map.entry(key.clone()).or_insert_with(Instant::now),
+            Err(_) => Instant::now(),
+        }
+    }
+
+    pub fn forget_orphans(&self, key: &PoolKey) {
+        if let Ok(mut map) = self.state.orphan_since.lock() {
+            map.remove(key);
+        }
+    }
+
+    /// Records a failed reconcile of `object` and says when to retry it: soon for transient
+    /// errors, with exponential backoff for errors that wait for a person.
+    pub fn failed(&self, object: &str, error: &Error) -> Option<Duration> {
+        let failures = match self.state.failures.lock() {
+            Ok(mut map) => {
+                let count = map.entry(object.to_string()).or_insert(0);
+                *count = count.saturating_add(1);
+                *count
+            }
+            Err(_) => 1,
+        };
+        error::backoff(error.retry(), failures)
+    }
+
+    pub fn succeeded(&self, object: &str) {
+        if let Ok(mut map) = self.state.failures.lock() {
+            map.remove(object);
+        }
+    }
+
+    /// Stop taking new work: reconciles in flight finish without starting new writes.
+    pub fn begin_shutdown(&self) {
+        self.state.shutdown.store(true, Ordering::SeqCst);
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.state.shutdown.load(Ordering::SeqCst)
+    }
+}

@@ -1,0 +1,229 @@
+//! Reading, rebuilding and committing a pool's ledger (see [`super::ledger`]).
+//!
+//! A ledger that is missing, unreadable or written for an earlier pool is rebuilt from the pool's
+//! live address objects, read from the server. What was in flight is not in those objects, so a
+//! rebuilt ledger is fenced ([`ledger::REBUILD_FENCE`]) unless the pool never had a ledger: the
+//! pool carries [`LEDGER_ANNOTATION`] from before its first ledger is created.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use super::Context;
+use super::error::Error;
+use super::intent::{self, Intent};
+use super::kinds::AnyAddress;
+use super::ledger::{Ledger, LedgerRef, Loaded, Stored};
+use super::objects;
+use super::pool::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
+use crate::alloc::AddressSpace;
+
+/// Set on a pool before its first ledger is created: a pool that has it and no ledger has lost
+/// its record.
+pub const LEDGER_ANNOTATION: &str = "ipam.bitpool.dev/ledger";
+/// Ledger writes attempted before a reconcile gives up and retries later.
+const LEDGER_ATTEMPTS: usize = 8;
+
+pub fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> LedgerRef {
+    let kind = P::kind(&());
+    // An owner must live in the same namespace or be cluster-scoped.
+    let owner = pool
+        .namespace()
+        .is_none()
+        .then(|| objects::owner_reference(pool, false))
+        .flatten();
+    LedgerRef::new(
+        ctx.client.clone(),
+        &ctx.settings.ledger_namespace,
+        &kind,
+        pool.namespace().as_deref(),
+        &pool.name_any(),
+        pool.uid().unwrap_or_default(),
+        owner,
+    )
+}
+
+/// Creates the ledger namespace if it is missing (a missing one would stop every pool).
+pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces
+        .get_opt(name)
+        .await
+        .map_err(Error::Kube)?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => {
+            tracing::info!(namespace = name, "created the ledger namespace");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// Whether the pool had a ledger before (read from the server, not a cache); marks it otherwise,
+/// before the first ledger is created.
+async fn had_ledger<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    ledger_ref: &LedgerRef,
+) -> Result<bool, Error> {
+    let api = pool.api_for(ctx.client.clone());
+    let current = api.get(&pool.name_any()).await.map_err(Error::Kube)?;
+    if current.annotations().contains_key(LEDGER_ANNOTATION) {
+        return Ok(true);
+    }
+    let patch = serde_json::json!({ "metadata": { "annotations": {
+        LEDGER_ANNOTATION: format!("{}/{}", ledger_ref.namespace, ledger_ref.name)
+    } } });
+    objects::merge_patch(&api, &pool.name_any(), patch).await?;
+    Ok(false)
+}
+
+/// A ledger rebuilt from the pool's live address objects, fenced when the record was lost.
+async fn rebuild<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    lost: Option<String>,
+) -> Result<Ledger, Error> {
+    let existing = fresh_pool_addresses(pool, ctx).await?;
+    let mut ledger = Ledger::from_addresses(existing.iter().filter_map(AnyAddress::ip));
+    if let Some(because) = lost {
+        tracing::warn!(
+            pool = %pool.key().describe(),
+            addresses = existing.len(),
+            reason = %because,
+            "rebuilding the pool's ledger from its address objects; no new address until the rebuild fence ends"
+        );
+        ledger.fence(&objects::now().0.to_string(), because);
+    }
+    Ok(ledger)
+}
+
+/// Reads the ledger, creating or rebuilding it when it is missing or cannot be trusted; `None`
+/// for a missing ledger when `create` is false (a pool being deleted needs no new ledger).
+pub async fn load<P: PoolDialect>(
+    ledger_ref: &LedgerRef,
+    pool: &P,
+    ctx: &Context,
+    create: bool,
+) -> Result<Option<Stored>, Error> {
+    for _ in 0..LEDGER_ATTEMPTS {
+        let written = match ledger_ref.load().await? {
+            Loaded::Found(stored) => return Ok(Some(stored)),
+            Loaded::Missing if !create => return Ok(None),
+            Loaded::Missing => {
+                let lost = had_ledger(pool, ctx, ledger_ref)
+                    .await?
+                    .then(|| format!("{} was missing", ledger_ref.describe()));
+                let ledger = rebuild(pool, ctx, lost).await?;
+                match ledger_ref.create(&ledger).await {
+                    Err(Error::LedgerNamespaceMissing(ns)) => {
+                        ensure_namespace(&ctx.client, &ns).await?;
+                        None
+                    }
+                    other => other?,
+                }
+            }
+            Loaded::Untrusted {
+                reason,
+                resource_version,
+            } => {
+                let because = format!("{} could not be trusted: {reason}", ledger_ref.describe());
+                let ledger = rebuild(pool, ctx, Some(because)).await?;
+                ledger_ref
+                    .replace(resource_version.as_deref(), &ledger)
+                    .await?
+            }
+        };
+        if let Some(stored) = written {
+            return Ok(Some(stored));
+        }
+    }
+    Err(Error::LedgerContention {
+        ledger: ledger_ref.describe(),
+        attempts: LEDGER_ATTEMPTS,
+    })
+}
+
+/// A pool's empty address space and the fingerprint of the spec it was built from.
+pub type Base = (AddressSpace, (String, i64));
+
+/// Applies `intent` to the server's ledger, retrying on conflicts with the fresh ledger.
+/// `base` is `None` when the spec is invalid; the space that mirrors the written ledger is kept
+/// for the next reconcile. Without `create` (nothing to allocate, or the pool is being deleted)
+/// a missing ledger is not recreated and nothing is committed: there is nothing to record.
+pub async fn commit<P: PoolDialect>(
+    ledger_ref: &LedgerRef,
+    pool: &P,
+    ctx: &Arc<Context>,
+    base: Option<&Base>,
+    intent: &Intent,
+    create: bool,
+) -> Result<(Ledger, Option<Usage>, Outcomes), Error> {
+    let key = pool.key();
+    let mut rng = StdRng::from_os_rng();
+    let now = objects::now().0.to_string();
+    for _ in 0..LEDGER_ATTEMPTS {
+        let Some(stored) = load(ledger_ref, pool, ctx, create).await? else {
+            let usage = base.map(|(empty, _)| Usage::of(empty));
+            return Ok((Ledger::default(), usage, Outcomes::new()));
+        };
+        let mut space = base.map(|(empty, fingerprint)| {
+            ctx.take_space(&key, fingerprint, stored.version())
+                .unwrap_or_else(|| {
+                    let mut space = empty.clone();
+                    space.mark_all_used(stored.ledger.addresses());
+                    space
+                })
+        });
+        let (next, outcomes) =
+            intent::apply(&stored.ledger, space.as_mut(), intent, &now, &mut rng);
+        let written = if next == stored.ledger {
+            Some(stored)
+        } else {
+            ledger_ref.replace(stored.version(), &next).await?
+        };
+        let Some(written) = written else {
+            tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
+            continue;
+        };
+        let usage = space.as_ref().map(Usage::of);
+        if let (Some(space), Some((_, fingerprint)), Some(version)) =
+            (space, base, written.version())
+        {
+            ctx.keep_space(
+                &key,
+                super::CachedSpace {
+                    pool: fingerprint.clone(),
+                    ledger_version: version.to_string(),
+                    space,
+                },
+            );
+        }
+        return Ok((next, usage, outcomes));
+    }
+    Err(Error::LedgerContention {
+        ledger: ledger_ref.describe(),
+        attempts: LEDGER_ATTEMPTS,
+    })
+}
+
+/// The pool's ledger is about to go with it.
+pub async fn forget<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<(), Error> {
+    ledger_of(pool, ctx).delete().await
+}
