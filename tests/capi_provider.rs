@@ -735,7 +735,7 @@ async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_o
     }
     env.wait_gone(&env.pools(), "pool").await;
     let ledgers: Api<ConfigMap> = Api::namespaced(env.client.clone(), env.name());
-    env.wait_gone(&ledgers, "bitpool-ledger-inclusterippool-pool")
+    env.wait_gone(&ledgers, &env.ledger_name("InClusterIPPool", "pool"))
         .await;
 }
 
@@ -856,13 +856,10 @@ async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
         );
         let used = list.len() as i64;
         eventually(&format!("pool {pool} ledger settles"), WAIT, || async {
-            let ledger: ConfigMap = Api::namespaced(env.client.clone(), env.name())
-                .get(&format!("bitpool-ledger-inclusterippool-{pool}"))
-                .await
-                .ok()?;
-            let pending = ledger.data.as_ref()?.get("pending")?.clone();
+            let ledger = env.ledger("InClusterIPPool", pool).await?;
             let (_, pool_used, _, _) = env.pool_counts(pool).await;
-            (pending == "{}" && pool_used == used).then_some(())
+            (ledger.pending.is_empty() && ledger.len() == used as u128 && pool_used == used)
+                .then_some(())
         })
         .await;
     }

@@ -2,6 +2,8 @@
 //! control plane started by `hack/control-plane.sh up`), CRDs, and one namespace per test.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod ipam;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -215,6 +217,11 @@ impl Bitpool {
         Self::spawn(namespace, &args)
     }
 
+    /// Starts `bitpool run` limited to `namespace`, with its ledgers in `ledger_namespace`.
+    pub fn start_with_ledger_namespace(namespace: &str, ledger_namespace: &str) -> Self {
+        Self::spawn_with(namespace, ledger_namespace, &["--namespace", namespace])
+    }
+
     /// Starts `bitpool run` over every namespace, for objects labelled with `filter` (which is
     /// also its ledger namespace).
     pub fn start_all_namespaces(filter: &str) -> Self {
@@ -222,6 +229,10 @@ impl Bitpool {
     }
 
     fn spawn(filter: &str, extra_args: &[&str]) -> Self {
+        Self::spawn_with(filter, filter, extra_args)
+    }
+
+    fn spawn_with(filter: &str, ledger_namespace: &str, extra_args: &[&str]) -> Self {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let dir = root().join("target/test-logs");
@@ -234,11 +245,11 @@ impl Bitpool {
                 "--watch-filter",
                 filter,
                 "--ledger-namespace",
-                filter,
+                ledger_namespace,
             ])
             .args(extra_args)
             .env("KUBECONFIG", kubeconfig_path())
-            .env("RUST_LOG", "info,bitpool=debug")
+            .env("RUST_LOG", "info,bitpool=debug,kube_runtime=debug")
             .stdout(file.try_clone().expect("log file handle"))
             .stderr(file)
             .spawn()
@@ -255,6 +266,27 @@ impl Bitpool {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// SIGTERM, as Kubernetes stops a pod.
+    pub fn terminate(&self) {
+        if let Some(child) = &self.child {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+    }
+
+    /// Waits up to `limit` for the process to exit; whether it did.
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if !self.is_running() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
     }
 
     /// Whether the process is still running (it has not exited on an error).
@@ -313,5 +345,23 @@ impl Env {
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
         Api::namespaced(self.client.clone(), self.name())
+    }
+
+    /// The name of the ledger of this test's pool `kind`/`name` (tests run bitpool with the test
+    /// namespace as its ledger namespace).
+    pub fn ledger_name(&self, kind: &str, pool: &str) -> String {
+        let namespace = (kind != "GlobalInClusterIPPool").then_some(self.name());
+        bitpool::controllers::ledger::ledger_name(kind, namespace, pool)
+    }
+
+    /// The ledger of this test's pool `kind`/`name`, decoded; `None` when missing or unreadable.
+    pub async fn ledger(
+        &self,
+        kind: &str,
+        pool: &str,
+    ) -> Option<bitpool::controllers::ledger::Ledger> {
+        let api: Api<k8s_openapi::api::core::v1::ConfigMap> = self.api();
+        let config_map = api.get_opt(&self.ledger_name(kind, pool)).await.ok()??;
+        bitpool::controllers::ledger::Ledger::from_config_map(&config_map).ok()
     }
 }

@@ -1,0 +1,813 @@
+//! Faults found when bitpool was run as an operator would run it, each reproduced against the
+//! real control plane: writes at rest, namespace deletion, restarts, a lost or damaged ledger,
+//! pools whose family changes, backlogs, SIGKILL loops, long names, malformed pools, global
+//! preallocations, shutdown under load. Every test ends by checking that no address is held
+//! twice, that the ledger lists exactly the live address objects, and that nothing is stuck.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bitpool::api::capi::{IPAddress, IPAddressClaim};
+use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use bitpool::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::ipam::*;
+use support::{Bitpool, Env, eventually};
+
+/// Pools of every kind with claims of both kinds, a claim on a missing pool, one on an invalid
+/// pool and one on an exhausted pool: once settled, nothing bitpool writes changes.
+#[tokio::test]
+async fn nothing_is_written_at_rest() {
+    let Some(env) = Env::new("rest").await else {
+        return;
+    };
+    let bitpool = Bitpool::start(env.name(), &[]);
+    capi_pool(&env, "capi", capi_spec(&["10.30.0.0/24"], 24)).await;
+    let global = global_pool(&env, "global", capi_spec(&["10.31.0.0/24"], 24)).await;
+    metal3_pool(&env, "m3", metal3_spec("10.32.0.10", "10.32.0.20", 24)).await;
+    capi_pool(&env, "bad", capi_spec(&["10.33.0.0/24", "10.34.0.1"], 24)).await;
+    capi_pool(&env, "tiny", capi_spec(&["10.35.0.1"], 24)).await;
+    claim(&env, "on-capi", "InClusterIPPool", "capi").await;
+    claim(&env, "on-global", "GlobalInClusterIPPool", &global).await;
+    claim(&env, "capi-on-m3", "IPPool", "m3").await;
+    ipclaim(&env, "ipclaim-on-m3", "m3").await;
+    claim(&env, "on-missing", "InClusterIPPool", "nowhere").await;
+    claim(&env, "on-bad", "InClusterIPPool", "bad").await;
+    claim(&env, "tiny-1", "InClusterIPPool", "tiny").await;
+    wait_claim(&env, "tiny-1", "served", |c| c.status == "True").await;
+    claim(&env, "tiny-2", "InClusterIPPool", "tiny").await;
+
+    for name in ["on-capi", "on-global", "capi-on-m3"] {
+        wait_claim(&env, name, "served", |c| c.status == "True").await;
+    }
+    wait_claim(&env, "on-missing", "waits for its pool", |c| {
+        c.reason == "PoolNotReady" && c.message.contains("not found")
+    })
+    .await;
+    wait_claim(&env, "on-bad", "refused by an invalid pool", |c| {
+        c.reason == "PoolNotReady" && c.message.contains("outside the pool's subnet")
+    })
+    .await;
+    wait_claim(&env, "tiny-2", "exhausted", |c| c.reason == "PoolExhausted").await;
+    let ipclaims: Api<IPClaim> = env.api();
+    eventually("the IPClaim is served", WAIT, || async {
+        ipclaims
+            .get("ipclaim-on-m3")
+            .await
+            .ok()?
+            .status?
+            .address
+            .map(|_| ())
+    })
+    .await;
+
+    // Settled: a few seconds for the last status writes, then 30 s of nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = versions(&env).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let changed = changed_since(&env, &before).await;
+        assert!(changed.is_empty(), "written at rest: {changed:?}");
+    }
+    assert!(
+        before.len() >= 15,
+        "the snapshot covers every object: {before:?}"
+    );
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// Deleting a namespace that holds pools, claims of both kinds and their addresses completes,
+/// whatever order the namespace controller deletes them in — also when it is the ledger
+/// namespace, with a global pool's ledger in it.
+#[tokio::test]
+async fn deleting_a_namespace_completes() {
+    let Some(env) = Env::new("nsdelete").await else {
+        return;
+    };
+    let bitpool = Bitpool::start(env.name(), &[]);
+    capi_pool(&env, "capi", capi_spec(&["10.40.0.0/24"], 24)).await;
+    metal3_pool(&env, "m3", metal3_spec("10.41.0.10", "10.41.0.50", 24)).await;
+    let global = global_pool(&env, "global", capi_spec(&["10.42.0.0/24"], 24)).await;
+    burst(&env, "capi", "InClusterIPPool", "capi", 20).await;
+    burst(&env, "m3", "IPPool", "m3", 10).await;
+    burst(&env, "global", "GlobalInClusterIPPool", &global, 10).await;
+    for i in 0..10 {
+        ipclaim(&env, &format!("ipclaim-{i}"), "m3").await;
+    }
+    assert_consistent(&env, "InClusterIPPool", "capi", 20, WAIT).await;
+    assert_consistent(&env, "GlobalInClusterIPPool", &global, 10, WAIT).await;
+    let metal3: Api<Metal3IPAddress> = env.api();
+    eventually("the IPClaims' addresses", WAIT, || async {
+        (metal3.list(&ListParams::default()).await.ok()?.items.len() == 10).then_some(())
+    })
+    .await;
+
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    namespaces
+        .delete(env.name(), &DeleteParams::default())
+        .await
+        .expect("delete the namespace");
+    eventually(
+        "the namespace to be gone",
+        Duration::from_secs(180),
+        || async { matches!(namespaces.get_opt(env.name()).await, Ok(None)).then_some(()) },
+    )
+    .await;
+    // Nothing brings it back: the global pool has nothing left to record.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        matches!(namespaces.get_opt(env.name()).await, Ok(None)),
+        "the ledger namespace was recreated although nothing needed it"
+    );
+    let pool = Api::<GlobalInClusterIPPool>::all(env.client.clone())
+        .get(&global)
+        .await
+        .expect("the global pool stays");
+    let used = pool.status.and_then(|s| s.ip_addresses).map(|c| c.used);
+    assert_eq!(
+        used,
+        Some(0),
+        "the global pool released its deleted claims' addresses"
+    );
+    assert_warnings_name_objects(&bitpool);
+    let globals = Api::<GlobalInClusterIPPool>::all(env.client.clone());
+    let _ = globals.delete(&global, &DeleteParams::default()).await;
+    eventually("the global pool to be deleted", WAIT, || async {
+        matches!(globals.get_opt(&global).await, Ok(None)).then_some(())
+    })
+    .await;
+}
+
+/// `bitpool run` fails at once with one line naming the API server it cannot reach.
+#[tokio::test]
+async fn an_unreachable_api_server_is_named_at_once() {
+    let dir = support::root().join("target/test-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    let kubeconfig = dir.join("unreachable.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\nusers:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
+    )
+    .expect("write kubeconfig");
+    let started = std::time::Instant::now();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
+        .args(["run"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("run bitpool");
+    assert!(!output.status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "it failed at once"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("cannot reach the Kubernetes API server at https://127.0.0.1:1")
+            && last.contains("KUBECONFIG="),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("CRDs"), "{stderr}");
+}
+
+/// Waiting for CRDs names only those that are missing.
+#[tokio::test]
+async fn missing_crds_are_named_alone() {
+    let client = support::client().await;
+    let mut crds = bitpool::crds::served();
+    support::install_crds(&client, &crds).await;
+    let mut missing = crds[0].clone();
+    missing.metadata.name = Some("absents.ipam.bitpool.dev".into());
+    crds.push(missing);
+    let error = bitpool::crds::wait_established(&client, &crds, Duration::from_secs(2))
+        .await
+        .expect_err("one CRD is missing");
+    let message = error.to_string();
+    assert!(message.contains("absents.ipam.bitpool.dev"), "{message}");
+    assert!(
+        !message.contains("inclusterippools"),
+        "only the missing one: {message}"
+    );
+}
+
+/// An error that waits for a person (here: the ledger namespace is being deleted, so the API
+/// server forbids the ledger) is retried with a growing delay, and the log names the pool.
+#[tokio::test]
+async fn errors_that_wait_for_a_person_back_off() {
+    let Some(env) = Env::new("backoff").await else {
+        return;
+    };
+    let namespaces: Api<Namespace> = Api::all(env.client.clone());
+    let held = format!("{}-ledgers", env.name());
+    create(
+        &namespaces,
+        &Namespace {
+            metadata: ObjectMeta {
+                name: Some(held.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await;
+    let holds: Api<ConfigMap> = Api::namespaced(env.client.clone(), &held);
+    create(
+        &holds,
+        &ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("hold".into()),
+                finalizers: Some(vec!["test.bitpool.dev/hold".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await;
+    namespaces
+        .delete(&held, &DeleteParams::default())
+        .await
+        .expect("delete the ledger namespace");
+    let bitpool = Bitpool::start_with_ledger_namespace(env.name(), &held);
+    capi_pool(&env, "pool", capi_spec(&["10.43.0.0/24"], 24)).await;
+    claim(&env, "claim", "InClusterIPPool", "pool").await;
+    let failures = || {
+        std::fs::read_to_string(&bitpool.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.contains("reconcile failed")
+                    && l.contains(&format!("InClusterIPPool {}/pool", env.name()))
+            })
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    eventually("a first failure", WAIT, || async {
+        (!failures().is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let lines = failures();
+    assert!(
+        (2..=6).contains(&lines.len()),
+        "a fixed 2 s retry would fail about 12 times in 25 s; backoff fails a few times: {lines:#?}"
+    );
+    assert!(
+        lines.iter().all(|l| l.contains("error_kind=\"forbidden\"")),
+        "{lines:#?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("retry_in=Some(8s)")),
+        "the delay doubles: {lines:#?}"
+    );
+    assert_warnings_name_objects(&bitpool);
+    let _ = holds
+        .patch(
+            "hold",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+        )
+        .await;
+}
+
+/// 7,000 claims created while bitpool is stopped are all served once it starts, and deleting
+/// them all at once releases every address: no number of pending or deleted claims stops the
+/// pool (a reservation per pending claim once outgrew the API server's object size limit).
+#[tokio::test]
+async fn a_backlog_and_a_mass_deletion_are_served() {
+    let Some(env) = Env::new("backlog").await else {
+        return;
+    };
+    const COUNT: usize = 7000;
+    capi_pool(&env, "big", capi_spec(&["10.50.0.0/16"], 16)).await;
+    burst(&env, "c", "InClusterIPPool", "big", COUNT).await;
+    let bitpool = Bitpool::start(env.name(), &[]);
+    assert_consistent(
+        &env,
+        "InClusterIPPool",
+        "big",
+        COUNT,
+        Duration::from_secs(900),
+    )
+    .await;
+
+    let claims: Api<IPAddressClaim> = env.api();
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete every claim");
+    let addresses: Api<IPAddress> = env.api();
+    eventually("every claim released", Duration::from_secs(900), || async {
+        let left = claims
+            .list_metadata(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        let held = addresses
+            .list_metadata(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        let ledger = env.ledger("InClusterIPPool", "big").await?;
+        (left == 0 && held == 0 && ledger.is_empty() && ledger.pending.is_empty()).then_some(())
+    })
+    .await;
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// A pool whose last address was released and whose spec then changed from IPv4 to IPv6 hands
+/// out no address twice (the ledger once kept its IPv4 family and took IPv6 addresses for
+/// others), with two processes racing.
+#[tokio::test]
+async fn a_pool_that_changes_family_never_duplicates() {
+    let Some(env) = Env::new("family").await else {
+        return;
+    };
+    let first = Bitpool::start(env.name(), &[]);
+    let second = Bitpool::start(env.name(), &[]);
+    capi_pool(&env, "fam", capi_spec(&["10.60.0.0/24"], 24)).await;
+    burst(&env, "v4", "InClusterIPPool", "fam", 50).await;
+    assert_consistent(&env, "InClusterIPPool", "fam", 50, WAIT).await;
+    let claims: Api<IPAddressClaim> = env.api();
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete the IPv4 claims");
+    assert_consistent(&env, "InClusterIPPool", "fam", 0, WAIT).await;
+    let pools: Api<InClusterIPPool> = env.api();
+    pools
+        .patch(
+            "fam",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "addresses": ["fd00:60::/120"], "prefix": 120 } })),
+        )
+        .await
+        .expect("make the pool IPv6");
+    burst(&env, "v6", "InClusterIPPool", "fam", 200).await;
+    assert_consistent(&env, "InClusterIPPool", "fam", 200, WAIT).await;
+    let addresses: Api<IPAddress> = env.api();
+    for address in addresses
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+    {
+        assert!(
+            address.spec.address.starts_with("fd00:60::"),
+            "{:?}",
+            address.spec
+        );
+    }
+    assert_warnings_name_objects(&first);
+    assert_warnings_name_objects(&second);
+}
+
+/// Restarting bitpool on a pool whose claims are all served changes nothing: no claim turns
+/// failed or exhausted, nothing is reserved again, no object is written.
+#[tokio::test]
+async fn restarts_change_nothing_that_was_right() {
+    let Some(env) = Env::new("restart").await else {
+        return;
+    };
+    capi_pool(&env, "pool", capi_spec(&["10.61.0.0/24"], 24)).await;
+    let mut bitpool = Bitpool::start(env.name(), &[]);
+    burst(&env, "c", "InClusterIPPool", "pool", 200).await;
+    assert_consistent(&env, "InClusterIPPool", "pool", 200, WAIT).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let settled = versions(&env).await;
+    for round in 0..3 {
+        bitpool.kill();
+        bitpool = Bitpool::start(env.name(), &[]);
+        // Long enough for the new process to list everything and reconcile the pool.
+        eventually("the new process reconciled the pool", WAIT, || async {
+            std::fs::read_to_string(&bitpool.log)
+                .ok()?
+                .contains("pool checked")
+                .then_some(())
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let changed = changed_since(&env, &settled).await;
+        assert!(changed.is_empty(), "restart {round} wrote {changed:?}");
+        assert_warnings_name_objects(&bitpool);
+    }
+}
+
+/// Replaces the data of `pool`'s ledger with what `edit` makes of it (a hand edit).
+async fn edit_ledger(env: &Env, pool: &str, edit: impl Fn(&mut ConfigMap)) {
+    let api: Api<ConfigMap> = env.api();
+    let name = env.ledger_name("InClusterIPPool", pool);
+    let mut ledger = api.get(&name).await.expect("the ledger exists");
+    edit(&mut ledger);
+    api.replace(&name, &PostParams::default(), &ledger)
+        .await
+        .expect("edit the ledger");
+}
+
+/// Waits until `pool` says its ledger was rebuilt, for a reason containing `reason`.
+async fn wait_rebuilt(env: &Env, pool: &str, reason: &str) {
+    let pools: Api<InClusterIPPool> = env.api();
+    eventually(
+        &format!("pool {pool} reports a rebuilt ledger"),
+        WAIT,
+        || async {
+            let pool = pools.get(pool).await.ok()?;
+            let ready = pool
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.reason == "LedgerRebuilt" && ready.message.contains(reason)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Losing or damaging a pool's ledger never yields a duplicate: deleted every 0.3 s during a
+/// burst served by two processes, overwritten with garbage, emptied, or set back to an older
+/// copy. Each pool says what happened and recovers on its own from the live address objects.
+#[tokio::test]
+async fn a_lost_or_damaged_ledger_never_yields_a_duplicate() {
+    let Some(env) = Env::new("ledgerfaults").await else {
+        return;
+    };
+    let first = Bitpool::start(env.name(), &[]);
+    let second = Bitpool::start(env.name(), &[]);
+    for (i, pool) in ["deleted", "garbage", "emptied", "stale"]
+        .iter()
+        .enumerate()
+    {
+        capi_pool(&env, pool, capi_spec(&[&format!("10.62.{i}.0/24")], 24)).await;
+    }
+    let deleted = async {
+        let ledgers: Api<ConfigMap> = env.api();
+        let name = env.ledger_name("InClusterIPPool", "deleted");
+        let deleting = async {
+            for _ in 0..30 {
+                let _ = ledgers.delete(&name, &DeleteParams::default()).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        };
+        futures::join!(
+            burst(&env, "d", "InClusterIPPool", "deleted", 150),
+            deleting
+        );
+        claim(&env, "d-last", "InClusterIPPool", "deleted").await;
+        assert_consistent(&env, "InClusterIPPool", "deleted", 151, AFTER_FENCE).await;
+    };
+    let garbage = async {
+        burst(&env, "g", "InClusterIPPool", "garbage", 20).await;
+        assert_consistent(&env, "InClusterIPPool", "garbage", 20, WAIT).await;
+        edit_ledger(&env, "garbage", |cm| {
+            let bytes = k8s_openapi::ByteString(b"not a roaring bitmap".to_vec());
+            cm.binary_data = Some(BTreeMap::from([("ipv4".to_string(), bytes)]));
+        })
+        .await;
+        claim(&env, "g-more", "InClusterIPPool", "garbage").await;
+        wait_rebuilt(&env, "garbage", "could not be trusted").await;
+        assert_consistent(&env, "InClusterIPPool", "garbage", 21, AFTER_FENCE).await;
+    };
+    let emptied = async {
+        burst(&env, "e", "InClusterIPPool", "emptied", 20).await;
+        assert_consistent(&env, "InClusterIPPool", "emptied", 20, WAIT).await;
+        edit_ledger(&env, "emptied", |cm| {
+            cm.data = None;
+            cm.binary_data = None;
+        })
+        .await;
+        claim(&env, "e-more", "InClusterIPPool", "emptied").await;
+        wait_rebuilt(&env, "emptied", "could not be trusted").await;
+        assert_consistent(&env, "InClusterIPPool", "emptied", 21, AFTER_FENCE).await;
+    };
+    let stale = async {
+        burst(&env, "s1", "InClusterIPPool", "stale", 20).await;
+        assert_consistent(&env, "InClusterIPPool", "stale", 20, WAIT).await;
+        let api: Api<ConfigMap> = env.api();
+        let old = api
+            .get(&env.ledger_name("InClusterIPPool", "stale"))
+            .await
+            .expect("ledger");
+        burst(&env, "s2", "InClusterIPPool", "stale", 20).await;
+        assert_consistent(&env, "InClusterIPPool", "stale", 40, WAIT).await;
+        edit_ledger(&env, "stale", |cm| {
+            cm.data = old.data.clone();
+            cm.binary_data = old.binary_data.clone();
+        })
+        .await;
+        claim(&env, "s-more", "InClusterIPPool", "stale").await;
+        wait_rebuilt(&env, "stale", "did not list").await;
+        assert_consistent(&env, "InClusterIPPool", "stale", 41, AFTER_FENCE).await;
+    };
+    futures::join!(deleted, garbage, emptied, stale);
+    assert_warnings_name_objects(&first);
+    assert_warnings_name_objects(&second);
+}
+
+/// Two processes serve a pool while a third is SIGKILLed every 2 s and claims are created and
+/// deleted at random: in the end every remaining claim holds one address of its own, and no
+/// address object outlives its claim.
+#[tokio::test]
+async fn a_sigkill_loop_with_deletions_leaves_no_orphan() {
+    let Some(env) = Env::new("killloop").await else {
+        return;
+    };
+    capi_pool(&env, "pool", capi_spec(&["10.63.0.0/24"], 24)).await;
+    let first = Bitpool::start(env.name(), &[]);
+    let second = Bitpool::start(env.name(), &[]);
+    let killing = async {
+        for _ in 0..10 {
+            let mut victim = Bitpool::start(env.name(), &[]);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            victim.kill();
+        }
+    };
+    let claims: Api<IPAddressClaim> = env.api();
+    let churn = async {
+        burst(&env, "c", "InClusterIPPool", "pool", 200).await;
+        let mut deleted = BTreeSet::new();
+        while deleted.len() < 80 {
+            let i = rand::random_range(0..200);
+            if deleted.insert(i) {
+                let _ = claims
+                    .delete(&format!("c-{i:04}"), &DeleteParams::default())
+                    .await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    futures::join!(killing, churn);
+    assert_consistent(&env, "InClusterIPPool", "pool", 120, WAIT).await;
+    assert_warnings_name_objects(&first);
+    assert_warnings_name_objects(&second);
+}
+
+/// Pools whose names are as long as Kubernetes allows are served and can be deleted.
+#[tokio::test]
+async fn pools_with_long_names_are_served_and_deleted() {
+    let Some(env) = Env::new("longnames").await else {
+        return;
+    };
+    let bitpool = Bitpool::start(env.name(), &[]);
+    let capi48 = "p".repeat(48);
+    let capi253 = format!("{}.{}", "a".repeat(63), "b".repeat(189));
+    let metal57 = "m".repeat(57);
+    capi_pool(&env, &capi48, capi_spec(&["10.64.0.0/24"], 24)).await;
+    capi_pool(&env, &capi253, capi_spec(&["10.64.1.0/24"], 24)).await;
+    metal3_pool(&env, &metal57, metal3_spec("10.64.2.10", "10.64.2.20", 24)).await;
+    // Global pool names carry the namespace (19 characters) in front: 42 in all.
+    let global = global_pool(
+        &env,
+        &"g".repeat(42 - env.name().len() - 1),
+        capi_spec(&["10.64.3.0/24"], 24),
+    )
+    .await;
+    assert_eq!(global.len(), 42);
+    claim(&env, "on-48", "InClusterIPPool", &capi48).await;
+    claim(&env, "on-253", "InClusterIPPool", &capi253).await;
+    claim(&env, "on-57", "IPPool", &metal57).await;
+    claim(&env, "on-global", "GlobalInClusterIPPool", &global).await;
+    for name in ["on-48", "on-253", "on-57", "on-global"] {
+        wait_claim(&env, name, "served", |c| c.status == "True").await;
+    }
+    let claims: Api<IPAddressClaim> = env.api();
+    claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .expect("delete claims");
+    let capi: Api<InClusterIPPool> = env.api();
+    let metal3: Api<IPPool> = env.api();
+    let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
+    for name in [&capi48, &capi253] {
+        capi.delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    metal3
+        .delete(&metal57, &DeleteParams::default())
+        .await
+        .expect("delete");
+    globals
+        .delete(&global, &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("every pool to be deleted", WAIT, || async {
+        let gone = matches!(capi.get_opt(&capi48).await, Ok(None))
+            && matches!(capi.get_opt(&capi253).await, Ok(None))
+            && matches!(metal3.get_opt(&metal57).await, Ok(None))
+            && matches!(globals.get_opt(&global).await, Ok(None));
+        gone.then_some(())
+    })
+    .await;
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// Pools whose addresses or gateway lie outside the subnet their lowest address and prefix
+/// define are reported invalid and allocate nothing.
+#[tokio::test]
+async fn malformed_pools_are_reported_and_serve_nothing() {
+    let Some(env) = Env::new("malformed").await else {
+        return;
+    };
+    let bitpool = Bitpool::start(env.name(), &[]);
+    capi_pool(
+        &env,
+        "spread",
+        capi_spec(&["10.65.0.10-10.65.0.20", "10.66.0.1"], 24),
+    )
+    .await;
+    let mut gateway = capi_spec(&["10.65.1.0/24"], 24);
+    gateway.gateway = Some("10.99.0.1".into());
+    capi_pool(&env, "gateway", gateway).await;
+    claim(&env, "on-spread", "InClusterIPPool", "spread").await;
+    claim(&env, "on-gateway", "InClusterIPPool", "gateway").await;
+    let pools: Api<InClusterIPPool> = env.api();
+    for (pool, field) in [("spread", "addresses[1]"), ("gateway", "gateway")] {
+        eventually(&format!("pool {pool} invalid"), WAIT, || async {
+            let ready = pools
+                .get(pool)
+                .await
+                .ok()?
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.status == "False"
+                && ready.reason == "InvalidSpec"
+                && ready.message.contains(field)
+                && ready.message.contains("outside the pool's subnet"))
+            .then_some(())
+        })
+        .await;
+    }
+    for claim in ["on-spread", "on-gateway"] {
+        wait_claim(&env, claim, "refused", |c| c.reason == "PoolNotReady").await;
+    }
+    let addresses: Api<IPAddress> = env.api();
+    assert!(
+        addresses
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// A global pool's preallocation names the claim's namespace: a claim of the same name in
+/// another namespace cannot take it. A bare name still works where no other namespace uses it.
+#[tokio::test]
+async fn global_preallocations_name_the_namespace() {
+    let Some(env) = Env::new("prealloc").await else {
+        return;
+    };
+    let other = support::TestNamespace::new(&env.client, "prealloc-other").await;
+    let bitpool = Bitpool::start_all_namespaces(env.name());
+    let mut spec = capi_spec(&["10.70.0.0/24"], 24);
+    spec.pre_allocations = BTreeMap::from([
+        (format!("{}/web", env.name()), "10.70.0.50".to_string()),
+        ("solo".to_string(), "10.70.0.60".to_string()),
+    ]);
+    let global = global_pool(&env, "pre", spec).await;
+    // The thief comes first.
+    let mut thief = claim_object(&env, "web", CAPI_GROUP, "GlobalInClusterIPPool", &global);
+    thief.metadata.namespace = Some(other.name.clone());
+    create(&Api::namespaced(env.client.clone(), &other.name), &thief).await;
+    claim(&env, "web", "GlobalInClusterIPPool", &global).await;
+    claim(&env, "solo", "GlobalInClusterIPPool", &global).await;
+    let served = |api: Api<IPAddress>, name: &'static str| async move {
+        eventually(&format!("{name} served"), WAIT, || async {
+            api.get_opt(name).await.ok()?.map(|a| a.spec.address)
+        })
+        .await
+    };
+    assert_eq!(served(env.api(), "web").await, "10.70.0.50");
+    assert_eq!(served(env.api(), "solo").await, "10.70.0.60");
+    let stolen = served(Api::namespaced(env.client.clone(), &other.name), "web").await;
+    assert_ne!(
+        stolen, "10.70.0.50",
+        "another namespace's claim took the preallocation"
+    );
+    let mut claims: Vec<Api<IPAddressClaim>> = vec![env.api()];
+    claims.push(Api::namespaced(env.client.clone(), &other.name));
+    for api in &claims {
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect("delete claims");
+    }
+    let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
+    let _ = globals.delete(&global, &DeleteParams::default()).await;
+    eventually("the global pool to be deleted", WAIT, || async {
+        matches!(globals.get_opt(&global).await, Ok(None)).then_some(())
+    })
+    .await;
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// An IPClaim on a pool whose namePrefix makes invalid address object names is told which name
+/// and why, and nothing is allocated.
+#[tokio::test]
+async fn an_invalid_name_prefix_is_explained_on_the_ipclaim() {
+    let Some(env) = Env::new("nameprefix").await else {
+        return;
+    };
+    let bitpool = Bitpool::start(env.name(), &[]);
+    let mut spec = metal3_spec("10.71.0.10", "10.71.0.20", 24);
+    spec.name_prefix = "n".repeat(250);
+    metal3_pool(&env, "long", spec).await;
+    ipclaim(&env, "victim", "long").await;
+    let ipclaims: Api<IPClaim> = env.api();
+    let message = eventually("the IPClaim's error", WAIT, || async {
+        ipclaims.get("victim").await.ok()?.status?.error_message
+    })
+    .await;
+    assert!(
+        message.starts_with("Failed to create associated IPAddress object")
+            && message.contains("namePrefix")
+            && message.contains("more than 253"),
+        "{message}"
+    );
+    let addresses: Api<Metal3IPAddress> = env.api();
+    assert!(
+        addresses
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+    );
+    assert!(
+        env.ledger("IPPool", "long")
+            .await
+            .is_none_or(|l| l.is_empty()),
+        "nothing is reserved for a claim that cannot get an address object"
+    );
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// SIGTERM under load stops new work at once and the process ends within its shutdown timeout;
+/// a second SIGTERM ends it at once; the next process finishes the job with nothing duplicated.
+#[tokio::test]
+async fn shutdown_under_load_is_prompt_and_loses_nothing() {
+    let Some(env) = Env::new("shutdown").await else {
+        return;
+    };
+    capi_pool(&env, "pool", capi_spec(&["10.72.0.0/22"], 22)).await;
+    let addresses: Api<IPAddress> = env.api();
+    let count = || async {
+        addresses
+            .list_metadata(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or_default()
+    };
+    let mut first = Bitpool::start(env.name(), &[]);
+    burst(&env, "c", "InClusterIPPool", "pool", 800).await;
+    eventually("100 addresses", WAIT, || async {
+        (count().await >= 100).then_some(())
+    })
+    .await;
+    first.terminate();
+    let at_signal = count().await;
+    assert!(
+        first.wait_exit(Duration::from_secs(25)),
+        "exited within the shutdown timeout"
+    );
+    let after = count().await;
+    assert!(
+        after <= at_signal + 32,
+        "new work after SIGTERM: {at_signal} addresses at the signal, {after} at exit"
+    );
+    assert_warnings_name_objects(&first);
+
+    let mut second = Bitpool::start(env.name(), &[]);
+    eventually("the second process works", WAIT, || async {
+        (count().await > after).then_some(())
+    })
+    .await;
+    second.terminate();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    second.terminate();
+    assert!(
+        second.wait_exit(Duration::from_secs(3)),
+        "a second SIGTERM exits at once"
+    );
+
+    let third = Bitpool::start(env.name(), &[]);
+    assert_consistent(
+        &env,
+        "InClusterIPPool",
+        "pool",
+        800,
+        Duration::from_secs(300),
+    )
+    .await;
+    assert_warnings_name_objects(&third);
+}

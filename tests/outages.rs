@@ -1,0 +1,120 @@
+//! API server and etcd outages in the middle of a burst, on the project's own control plane
+//! (the processes are frozen with SIGSTOP, as a hung machine would leave them, and resumed).
+//! Its own test binary: an outage would disturb tests running beside it.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bitpool::api::capi::{IPAddress, IPAddressClaim};
+use futures::{StreamExt, stream};
+use kube::api::{Api, ListParams, PostParams};
+use support::ipam::*;
+use support::{Bitpool, Env, eventually};
+
+/// The PID of one of the control plane's processes, when the tests run on the project's own
+/// control plane (not an external `$KUBECONFIG`).
+fn plane_pid(process: &str) -> Option<String> {
+    if std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
+        && std::env::var("BITPOOL_TEST_OUTAGES").as_deref() != Ok("1")
+    {
+        eprintln!("SKIP: outages need the project's own control plane (or BITPOOL_TEST_OUTAGES=1)");
+        return None;
+    }
+    let dir = std::env::var_os("BITPOOL_CP_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp/bitpool-control-plane"));
+    let pid = std::fs::read_to_string(dir.join(format!("{process}.pid"))).ok()?;
+    Some(pid.trim().to_string())
+}
+
+/// Freezes `pid` for `how_long`, then resumes it (also if the test panics meanwhile).
+async fn freeze(pid: &str, how_long: Duration) {
+    struct Resume(String);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &self.0])
+                .status();
+        }
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-STOP", pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "SIGSTOP {pid}");
+    let _resume = Resume(pid.to_string());
+    tokio::time::sleep(how_long).await;
+}
+
+#[tokio::test]
+async fn etcd_and_api_server_outages_mid_burst_lose_nothing() {
+    let (Some(etcd), Some(apiserver)) = (plane_pid("etcd"), plane_pid("kube-apiserver")) else {
+        return;
+    };
+    let Some(env) = Env::new("outage").await else {
+        return;
+    };
+    capi_pool(&env, "pool", capi_spec(&["10.80.0.0/23"], 23)).await;
+    let first = Bitpool::start(env.name(), &[]);
+    let second = Bitpool::start(env.name(), &[]);
+    let addresses: Api<IPAddress> = env.api();
+    let created = || async {
+        addresses
+            .list_metadata(&ListParams::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or_default()
+    };
+    let outages = async {
+        eventually("the burst under way", WAIT, || async {
+            (created().await >= 50).then_some(())
+        })
+        .await;
+        freeze(&etcd, Duration::from_secs(10)).await;
+        eventually("the burst resumed", WAIT, || async {
+            (created().await >= 200).then_some(())
+        })
+        .await;
+        freeze(&apiserver, Duration::from_secs(10)).await;
+    };
+    let claims: Api<IPAddressClaim> = env.api();
+    let creating = async {
+        // Created one by one, 16 at a time, each retried through the outages.
+        let creations = (0..500).map(|i| {
+            let claim = claim_object(
+                &env,
+                &format!("c-{i:04}"),
+                CAPI_GROUP,
+                "InClusterIPPool",
+                "pool",
+            );
+            let claims = claims.clone();
+            async move {
+                loop {
+                    match claims.create(&PostParams::default(), &claim).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 409 => return,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                    }
+                }
+            }
+        });
+        stream::iter(creations)
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+    };
+    futures::join!(outages, creating);
+    assert_consistent(
+        &env,
+        "InClusterIPPool",
+        "pool",
+        500,
+        Duration::from_secs(300),
+    )
+    .await;
+    assert_warnings_name_objects(&first);
+    assert_warnings_name_objects(&second);
+}

@@ -1,0 +1,328 @@
+//! Helpers for the IPAM fault and outage tests: pools and claims of every kind, bursts, and the
+//! end-of-test check that no address is held twice and the ledger matches the live objects.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
+use bitpool::api::capi_pools::{
+    GlobalInClusterIPPool, GlobalInClusterIPPoolSpec, InClusterIPPool, InClusterIPPoolSpec,
+};
+use bitpool::api::metal3_ipam::{
+    IPClaim, IPClaimSpec, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange,
+};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Resource, ResourceExt};
+
+use super::{Bitpool, Env, eventually};
+
+pub const WAIT: Duration = Duration::from_secs(90);
+/// Long enough for a rebuilt ledger's fence (90 s) and the batches after it.
+pub const AFTER_FENCE: Duration = Duration::from_secs(240);
+pub const CAPI_GROUP: &str = "ipam.cluster.x-k8s.io";
+pub const METAL3_GROUP: &str = "ipam.metal3.io";
+
+pub fn capi_spec(addresses: &[&str], prefix: i32) -> InClusterIPPoolSpec {
+    InClusterIPPoolSpec {
+        addresses: addresses.iter().map(|s| s.to_string()).collect(),
+        prefix,
+        ..Default::default()
+    }
+}
+
+pub async fn create<K>(api: &Api<K>, object: &K) -> K
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.create(&PostParams::default(), object)
+        .await
+        .unwrap_or_else(|e| panic!("create {:?}: {e}", object.meta().name))
+}
+
+pub async fn capi_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) {
+    let pool = InClusterIPPool {
+        metadata: env.meta(name),
+        spec,
+        status: None,
+    };
+    create(&env.api(), &pool).await;
+}
+
+/// A global pool named `<namespace>-<name>` (global names are cluster-wide), labelled for the
+/// test's bitpool.
+pub async fn global_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> String {
+    let full = format!("{}-{name}", env.name());
+    let mut metadata = env.meta(&full);
+    metadata.namespace = None;
+    let pool = GlobalInClusterIPPool {
+        metadata,
+        spec: GlobalInClusterIPPoolSpec { pool: spec },
+        status: None,
+    };
+    create(&Api::all(env.client.clone()), &pool).await;
+    full
+}
+
+pub fn metal3_spec(start: &str, end: &str, prefix: i32) -> IPPoolSpec {
+    IPPoolSpec {
+        name_prefix: "m3".into(),
+        pools: vec![Metal3PoolRange {
+            start: Some(start.into()),
+            end: Some(end.into()),
+            ..Default::default()
+        }],
+        prefix: Some(prefix),
+        ..Default::default()
+    }
+}
+
+pub async fn metal3_pool(env: &Env, name: &str, spec: IPPoolSpec) {
+    let pool = IPPool {
+        metadata: env.meta(name),
+        spec,
+        status: None,
+    };
+    create(&env.api(), &pool).await;
+}
+
+pub fn claim_object(env: &Env, name: &str, group: &str, kind: &str, pool: &str) -> IPAddressClaim {
+    IPAddressClaim {
+        metadata: env.meta(name),
+        spec: IPAddressClaimSpec {
+            cluster_name: None,
+            pool_ref: IPPoolReference {
+                name: pool.into(),
+                kind: kind.into(),
+                api_group: group.into(),
+            },
+        },
+        status: None,
+    }
+}
+
+pub async fn claim(env: &Env, name: &str, kind: &str, pool: &str) {
+    let group = if kind == "IPPool" {
+        METAL3_GROUP
+    } else {
+        CAPI_GROUP
+    };
+    create(&env.api(), &claim_object(env, name, group, kind, pool)).await;
+}
+
+pub async fn ipclaim(env: &Env, name: &str, pool: &str) {
+    let claim = IPClaim {
+        metadata: env.meta(name),
+        spec: IPClaimSpec {
+            pool: k8s_openapi::api::core::v1::ObjectReference {
+                name: Some(pool.into()),
+                namespace: Some(env.name().to_string()),
+                ..Default::default()
+            },
+        },
+        status: None,
+    };
+    create(&env.api(), &claim).await;
+}
+
+/// `count` claims named `<prefix>-NNNN` on one pool, created 32 at a time.
+pub async fn burst(env: &Env, prefix: &str, kind: &str, pool: &str, count: usize) {
+    let group = if kind == "IPPool" {
+        METAL3_GROUP
+    } else {
+        CAPI_GROUP
+    };
+    let api: Api<IPAddressClaim> = env.api();
+    let creations = (0..count).map(|i| {
+        let claim = claim_object(env, &format!("{prefix}-{i:04}"), group, kind, pool);
+        let api = api.clone();
+        async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
+    });
+    for result in stream::iter(creations)
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+    {
+        result.expect("create claim");
+    }
+}
+
+pub fn ready(claim: &IPAddressClaim) -> Option<&Condition> {
+    claim
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
+/// Waits until the claim's Ready condition satisfies `check`.
+pub async fn wait_claim(
+    env: &Env,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Condition) -> bool,
+) -> Condition {
+    let api: Api<IPAddressClaim> = env.api();
+    eventually(&format!("claim {name}: {what}"), WAIT, || {
+        let api = api.clone();
+        let check = &check;
+        async move {
+            let claim = api.get_opt(name).await.ok()??;
+            ready(&claim).filter(|c| check(c)).cloned()
+        }
+    })
+    .await
+}
+
+/// Every claim of `pool` has its own address object, no address is held twice, and the pool's
+/// ledger lists exactly the live address objects with nothing pending. `expected` is the number
+/// of claims that must hold an address.
+pub async fn assert_consistent(
+    env: &Env,
+    kind: &str,
+    pool: &str,
+    expected: usize,
+    within: Duration,
+) {
+    let claims: Api<IPAddressClaim> = env.api();
+    let addresses: Api<IPAddress> = env.api();
+    let key = format!("{kind}/{pool}");
+    let state = eventually(
+        &format!("{key}: {expected} claims served, ledger settled"),
+        within,
+        || {
+            let (claims, addresses) = (claims.clone(), addresses.clone());
+            async move {
+                let claims: Vec<IPAddressClaim> = claims
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|c| c.spec.pool_ref.name == pool && c.spec.pool_ref.kind == kind)
+                    .collect();
+                let served = claims
+                    .iter()
+                    .filter(|c| ready(c).is_some_and(|r| r.status == "True"))
+                    .count();
+                let addresses: Vec<IPAddress> = addresses
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|a| a.spec.pool_ref.name == pool && a.spec.pool_ref.kind == kind)
+                    .collect();
+                let ledger = env.ledger(kind, pool).await?;
+                let live: BTreeSet<String> =
+                    addresses.iter().map(|a| a.spec.address.clone()).collect();
+                let listed: BTreeSet<String> = ledger.addresses().map(|a| a.to_string()).collect();
+                (served == expected
+                    && addresses.len() == expected
+                    && ledger.pending.is_empty()
+                    && live == listed)
+                    .then_some((claims, addresses))
+            }
+        },
+    )
+    .await;
+    let (claims, addresses) = state;
+    let mut holders: HashMap<&str, &str> = HashMap::new();
+    let claim_names: BTreeSet<String> = claims.iter().map(|c| c.name_any()).collect();
+    for address in &addresses {
+        if let Some(other) = holders.insert(&address.spec.address, &address.spec.claim_ref.name) {
+            panic!(
+                "{key}: {} is held by both {other} and {}",
+                address.spec.address, address.spec.claim_ref.name
+            );
+        }
+        assert!(
+            claim_names.contains(&address.spec.claim_ref.name),
+            "{key}: IPAddress {} outlived its claim",
+            address.name_any()
+        );
+    }
+}
+
+/// Every warning bitpool logged names the object it is about.
+pub fn assert_warnings_name_objects(bitpool: &Bitpool) {
+    let log = std::fs::read_to_string(&bitpool.log).unwrap_or_default();
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a log file: {:?}",
+        bitpool.log
+    );
+    for line in log.lines().filter(|l| l.contains(" WARN ")) {
+        assert!(
+            [
+                "object=",
+                "pool=",
+                "claim=",
+                "address=",
+                "kind=",
+                "namespace="
+            ]
+            .iter()
+            .any(|field| line.contains(field)),
+            "a warning that names no object in {:?}: {line}",
+            bitpool.log
+        );
+    }
+}
+
+/// resourceVersions of every object bitpool writes in the test namespace.
+pub async fn versions(env: &Env) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    macro_rules! collect {
+        ($kind:ty, $label:expr) => {
+            for object in env
+                .api::<$kind>()
+                .list(&ListParams::default())
+                .await
+                .expect("list")
+                .items
+            {
+                out.insert(
+                    format!("{} {}", $label, object.name_any()),
+                    object.resource_version().unwrap_or_default(),
+                );
+            }
+        };
+    }
+    collect!(InClusterIPPool, "InClusterIPPool");
+    collect!(IPPool, "IPPool");
+    collect!(IPAddressClaim, "IPAddressClaim");
+    collect!(IPClaim, "IPClaim");
+    collect!(IPAddress, "IPAddress");
+    collect!(Metal3IPAddress, "Metal3IPAddress");
+    collect!(ConfigMap, "ConfigMap");
+    for pool in Api::<GlobalInClusterIPPool>::all(env.client.clone())
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            bitpool::controllers::WATCH_FILTER_LABEL,
+            env.name()
+        )))
+        .await
+        .expect("list")
+        .items
+    {
+        out.insert(
+            format!("GlobalInClusterIPPool {}", pool.name_any()),
+            pool.resource_version().unwrap_or_default(),
+        );
+    }
+    out
+}
+
+/// The objects (of [`versions`]) created or changed since `before`.
+pub async fn changed_since(env: &Env, before: &BTreeMap<String, String>) -> Vec<String> {
+    versions(env)
+        .await
+        .into_iter()
+        .filter(|(k, v)| before.get(k) != Some(v))
+        .map(|(k, _)| k)
+        .collect()
+}
