@@ -29,7 +29,7 @@ echo "== cargo test (KUBECONFIG=$KUBECONFIG)"
 log=$(mktemp)
 trap 'rm -f "$log"; [ -n "${stop_plane:-}" ] && hack/control-plane.sh down' EXIT
 set +e
-cargo test --all-targets "$@" 2>&1 | tee "$log"
+cargo test --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One closing line over every test binary (criterion's output comes last otherwise).

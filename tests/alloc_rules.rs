@@ -99,8 +99,8 @@ fn in_cluster_provider_rules() {
         },
         Case {
             name: "the reserved subnet comes from the lowest address and the prefix",
-            pool: capi(&["10.0.1.0", "10.0.0.255"], 24),
-            first: &["10.0.1.0"],
+            pool: capi(&["10.0.0.255", "10.0.0.1"], 24),
+            first: &["10.0.0.1"],
             total: 1,
         },
         Case {
@@ -141,6 +141,21 @@ fn in_cluster_provider_rules() {
             case.name
         );
     }
+}
+
+#[test]
+fn addresses_and_gateway_outside_the_subnet_are_refused() {
+    // Upstream's webhook: "provided address belongs to a different subnet than others".
+    let spanning = AddressSpace::capi(&capi(&["10.0.1.0", "10.0.0.255"], 24))
+        .expect_err("two subnets in one pool");
+    assert!(spanning.to_string().contains("addresses[0]"), "{spanning}");
+    assert!(spanning.to_string().contains("10.0.0.0/24"), "{spanning}");
+    let mut gateway = capi(&["10.0.0.0/24"], 24);
+    gateway.gateway = Some("10.0.1.1".into());
+    let error = AddressSpace::capi(&gateway).expect_err("a gateway in another subnet");
+    assert!(error.to_string().starts_with("gateway:"), "{error}");
+    // prefix 0 puts every address in one subnet (upstream allows it for scattered addresses).
+    assert!(AddressSpace::capi(&capi(&["203.0.113.7", "198.51.100.9"], 0)).is_ok());
 }
 
 #[test]

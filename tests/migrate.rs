@@ -48,7 +48,7 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
                     ..Default::default()
                 },
                 Metal3PoolRange {
-                    subnet: Some("192.168.112.0/26".into()),
+                    subnet: Some("192.168.111.160/27".into()),
                     ..Default::default()
                 },
             ],
@@ -71,7 +71,7 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
         let address = if i % 2 == 0 {
             format!("192.168.111.{}", 149 - i)
         } else {
-            format!("192.168.112.{}", 1 + i)
+            format!("192.168.111.{}", 161 + i / 2)
         };
         let claim = format!("node-{i}-bmv4");
         let object = Metal3IPAddress {

@@ -16,16 +16,19 @@ use support::{Bitpool, Env, eventually};
 /// The PID of one of the control plane's processes, when the tests run on the project's own
 /// control plane (not an external `$KUBECONFIG`).
 fn plane_pid(process: &str) -> Option<String> {
-    if std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
-        && std::env::var("BITPOOL_TEST_OUTAGES").as_deref() != Ok("1")
-    {
-        eprintln!("SKIP: outages need the project's own control plane (or BITPOOL_TEST_OUTAGES=1)");
-        return None;
-    }
     let dir = std::env::var_os("BITPOOL_CP_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp/bitpool-control-plane"));
-    let pid = std::fs::read_to_string(dir.join(format!("{process}.pid"))).ok()?;
+    let own = dir.join("kubeconfig");
+    if support::kubeconfig_path() != &own {
+        eprintln!(
+            "SKIP: outages need the project's own control plane ({})",
+            own.display()
+        );
+        return None;
+    }
+    let pid = std::fs::read_to_string(dir.join(format!("{process}.pid")))
+        .unwrap_or_else(|e| panic!("the control plane's {process}.pid: {e}"));
     Some(pid.trim().to_string())
 }
 
