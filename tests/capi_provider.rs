@@ -900,12 +900,16 @@ async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
         let mut created = BTreeSet::new();
         let events = kube::runtime::watcher(env.addresses(), Default::default());
         let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(events));
-        while let Some(Ok(address)) = events.next().await {
-            created.insert(address.name_any());
-            if created.len() >= threshold {
-                break;
+        let watching = async {
+            while let Some(Ok(address)) = events.next().await {
+                created.insert(address.name_any());
+                if created.len() >= threshold {
+                    break;
+                }
             }
-        }
+        };
+        let served = tokio::time::timeout(WAIT, watching).await.is_ok();
+        assert!(served, "the victim served nothing (log: {:?})", victim.log);
         victim.kill();
         created.len()
     };
