@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane for bitpool's tests and demo: etcd + kube-apiserver +
-# kube-controller-manager (namespace and garbage-collector controllers), on 127.0.0.1 only.
+# kube-controller-manager (namespace, garbage-collector and service-account-token controllers),
+# on 127.0.0.1 only, with TLS that clients verify.
 #
-#   hack/control-plane.sh build   install Debian prerequisites, build kube-apiserver and
-#                                 kube-controller-manager v1.20.2 from Debian's source package
-#                                 (once; cached in $BITPOOL_CACHE_DIR)
+#   hack/control-plane.sh build   build kube-apiserver, kube-controller-manager and etcd from the
+#                                 Go module proxy with the machine's Go (once; cached in
+#                                 $BITPOOL_CACHE_DIR)
 #   hack/control-plane.sh up      build if needed, start everything, wait until ready, print
 #                                 the kubeconfig path (idempotent: an already running plane is reused)
 #   hack/control-plane.sh down    stop the processes this script started, by PID
 #   hack/control-plane.sh status  say whether it runs and where its kubeconfig is
 #   hack/control-plane.sh kubeconfig   print the kubeconfig path
 #
-# Environment: BITPOOL_CACHE_DIR (default ~/.cache/bitpool), BITPOOL_CP_DIR (runtime state,
-# default /tmp/bitpool-control-plane), BITPOOL_CP_PORT (apiserver port, default 16443),
-# BITPOOL_ETCD_PORT (default 12379; the peer port is this + 1).
+# Versions: hack/versions.env (BITPOOL_K8S_VERSION, BITPOOL_ETCD_VERSION). Environment:
+# BITPOOL_CACHE_DIR (default ~/.cache/bitpool), BITPOOL_CP_DIR (runtime state, default
+# /tmp/bitpool-control-plane), BITPOOL_CP_PORT (apiserver port, default 16443), BITPOOL_ETCD_PORT
+# (default 12379; the peer port is this + 1).
 set -euo pipefail
+HACK_DIR=$(cd "${0%/*}" && pwd)
+# shellcheck source=hack/versions.env
+. "$HACK_DIR/versions.env"
 
-K8S_VERSION=1.20.2
+K8S_VERSION=$BITPOOL_K8S_VERSION
+ETCD_VERSION=$BITPOOL_ETCD_VERSION
 CACHE_DIR=${BITPOOL_CACHE_DIR:-$HOME/.cache/bitpool}
 BIN_DIR=$CACHE_DIR/kubernetes-$K8S_VERSION/bin
+ETCD_BIN=$CACHE_DIR/etcd-$ETCD_VERSION/bin/etcd
 STATE_DIR=${BITPOOL_CP_DIR:-/tmp/bitpool-control-plane}
 API_PORT=${BITPOOL_CP_PORT:-16443}
 ETCD_PORT=${BITPOOL_ETCD_PORT:-12379}
 ETCD_PEER_PORT=$((ETCD_PORT + 1))
 KUBECONFIG_PATH=$STATE_DIR/kubeconfig
-GO_ROOT=/usr/lib/go-1.19
+# The oldest Go that builds the pinned releases.
+GO_MIN=1.26
 
 die() { echo "control-plane: $*" >&2; exit 1; }
 log() { echo "control-plane: $*" >&2; }
@@ -33,20 +41,25 @@ as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# Debian packages the build and the running plane need, each with the command that proves it.
-ensure_packages() {
+binaries_cached() {
+  [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ] && [ -x "$ETCD_BIN" ]
+}
+
+go_ok() {
+  command -v go >/dev/null 2>&1 || return 1
+  local have
+  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  [ "$(printf '%s\n%s\n' "$GO_MIN" "$have" | sort -V | head -n 1)" = "$GO_MIN" ]
+}
+
+# What the build and the running plane need; Debian packages are installed, Go is named.
+ensure_prerequisites() {
   local missing=()
-  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
-  command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   command -v curl >/dev/null 2>&1 || missing+=(curl)
   command -v flock >/dev/null 2>&1 || missing+=(util-linux)
-  if [ ! -x "$BIN_DIR/kube-apiserver" ] || [ ! -x "$BIN_DIR/kube-controller-manager" ]; then
-    [ -x "$GO_ROOT/bin/go" ] || missing+=(golang-1.19-go)
-    command -v rsync >/dev/null 2>&1 || missing+=(rsync)
-    command -v dpkg-source >/dev/null 2>&1 || missing+=(dpkg-dev)
-    [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || missing+=(golang-github-modern-go-reflect2-dev)
-    command -v make >/dev/null 2>&1 || missing+=(make)
+  if ! binaries_cached && ! go_ok; then
+    die "missing prerequisite: Go $GO_MIN or newer on PATH (found: $(go env GOVERSION 2>/dev/null || echo none); Debian 12's golang packages are too old)${missing:+; also missing Debian packages: ${missing[*]}}"
   fi
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null 2>&1 ||
@@ -57,66 +70,76 @@ ensure_packages() {
     die "apt-get install failed for: ${missing[*]}"
 }
 
-# The machine's own Debian mirror URI, so that no host name is written into the project.
-debian_uri() {
-  local uri=""
-  if [ -f /etc/apt/sources.list.d/debian.sources ]; then
-    uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-  fi
-  if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-    uri=$(awk '$1 == "deb" && $0 ~ /bookworm/ {for (i = 2; i <= NF; i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
-  fi
-  [ -n "$uri" ] || die "cannot find the Debian mirror in /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list"
-  echo "$uri"
+# Go settings for every build: caches outside the checkout, the machine's own toolchain.
+go_env() {
+  export GOMODCACHE=$CACHE_DIR/go/mod GOCACHE=$CACHE_DIR/go/build GOFLAGS=-modcacherw GOTOOLCHAIN=local
+}
+
+# A scratch module in $1 that requires $2@$3.
+scratch_module() {
+  rm -rf "$1" && mkdir -p "$1"
+  (cd "$1" && go mod init bitpool.test/build >/dev/null 2>&1 && go mod edit -require "$2@$3")
+}
+
+build_kubernetes() {
+  local work=$CACHE_DIR/build/kubernetes minor patch
+  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+  patch=$(echo "$K8S_VERSION" | cut -d. -f3)
+  scratch_module "$work" k8s.io/kubernetes "$K8S_VERSION"
+  cd "$work"
+  go mod download k8s.io/kubernetes || die "cannot download k8s.io/kubernetes@$K8S_VERSION from the Go module proxy"
+  local upstream
+  upstream=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+  # k8s.io/kubernetes replaces its staging modules by local paths; use their published versions.
+  local staging
+  for staging in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$upstream/go.mod"); do
+    go mod edit -replace "$staging=$staging@v0.$minor.$patch"
+  done
+  log "building kube-apiserver and kube-controller-manager $K8S_VERSION (about 10 minutes on 2 cores, once)"
+  go get "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" >"$work/get.log" 2>&1 ||
+    { tail -n 20 "$work/get.log" >&2; die "go get of the Kubernetes commands failed (log: $work/get.log)"; }
+  local ldflags="-s -w" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  done
+  mkdir -p "$BIN_DIR"
+  local cmd
+  for cmd in kube-apiserver kube-controller-manager; do
+    go build -trimpath -ldflags "$ldflags" -o "$BIN_DIR/$cmd" "k8s.io/kubernetes/cmd/$cmd" >"$work/$cmd.log" 2>&1 ||
+      { tail -n 20 "$work/$cmd.log" >&2; die "building $cmd failed (log: $work/$cmd.log)"; }
+  done
+  cd - >/dev/null
+}
+
+build_etcd() {
+  local work=$CACHE_DIR/build/etcd sibling
+  scratch_module "$work" go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
+  cd "$work"
+  # etcd's server module replaces its sibling modules by local paths; pin the same release.
+  for sibling in api/v3 client/pkg/v3 client/v3 pkg/v3; do
+    go mod edit -replace "go.etcd.io/etcd/$sibling=go.etcd.io/etcd/$sibling@$ETCD_VERSION"
+  done
+  log "building etcd $ETCD_VERSION (about a minute, once)"
+  { go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" &&
+    go build -trimpath -ldflags "-s -w" -o "$ETCD_BIN" go.etcd.io/etcd/server/v3; } >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building etcd failed (log: $work/build.log)"; }
+  cd - >/dev/null
 }
 
 build() {
-  if [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ]; then
-    log "kube-apiserver and kube-controller-manager $K8S_VERSION are cached in $BIN_DIR"
+  if binaries_cached; then
+    log "kube-apiserver, kube-controller-manager $K8S_VERSION and etcd $ETCD_VERSION are cached in $CACHE_DIR"
     return 0
   fi
-  ensure_packages
-  local work=$CACHE_DIR/build
-  rm -rf "$work"
-  mkdir -p "$work/apt/etc" "$work/apt/lists/partial" "$work/src"
-  cat >"$work/apt/etc/kubernetes-src.sources" <<EOF
-Types: deb-src
-URIs: $(debian_uri)
-Suites: bookworm bookworm-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-  local apt_opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$work/apt/etc"
-    -o "Dir::State::Lists=$work/apt/lists" -o Debug::NoLocking=1)
-  log "fetching Debian's kubernetes source package (about 34 MB)"
-  apt-get "${apt_opts[@]}" update -qq || die "apt-get update of the deb-src entry failed"
-  (cd "$work/src" && apt-get "${apt_opts[@]}" source --download-only -qq kubernetes) ||
-    die "apt-get source kubernetes failed"
-  (cd "$work/src" && dpkg-source -x --no-check ./*.dsc tree >/dev/null) || die "dpkg-source could not unpack the source"
-  local tree=$work/src/tree
-
-  # reflect2 1.0.1 (vendored) crashes with Go >= 1.18; Debian's newer copy does not.
-  rm -rf "$tree/vendor/github.com/modern-go/reflect2"
-  cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$tree/vendor/github.com/modern-go/reflect2"
-  rm -f "$tree/vendor/github.com/modern-go/reflect2/go.mod"
-  # kube-openapi PR 230 (in Kubernetes 1.21): with Go >= 1.16 the zero-value test treats "" as null.
-  local f
-  for f in vendor/k8s.io/kube-openapi/pkg/validation/validate/type.go vendor/github.com/go-openapi/validate/type.go; do
-    [ -f "$tree/$f" ] || continue
-    sed -i 's/if data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data)) {/if data == nil {/' "$tree/$f"
-    grep -q 'if data == nil {' "$tree/$f" || die "could not apply the zero-value fix to $f"
-  done
-
-  log "building kube-apiserver and kube-controller-manager (about 5 minutes on 2 cores)"
-  (cd "$tree" && env PATH="$GO_ROOT/bin:$PATH" GOPROXY=off GOSUMDB=off GOFLAGS= \
-    GOCACHE="$work/gocache" GOPATH="$work/gopath" \
-    make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" GOLDFLAGS="-s -w" \
-    KUBE_BUILD_PLATFORMS=linux/amd64 >"$work/build.log" 2>&1) ||
-    { tail -n 30 "$work/build.log" >&2; die "the Kubernetes build failed (log: $work/build.log)"; }
-  mkdir -p "$BIN_DIR"
-  cp "$tree/_output/local/bin/linux/amd64/kube-apiserver" "$tree/_output/local/bin/linux/amd64/kube-controller-manager" "$BIN_DIR/"
-  chmod -R u+w "$work" && rm -rf "$work"
-  log "cached in $BIN_DIR"
+  ensure_prerequisites
+  go_env
+  mkdir -p "$(dirname "$ETCD_BIN")"
+  [ -x "$ETCD_BIN" ] || build_etcd
+  { [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ]; } || build_kubernetes
+  # The Go build cache is large and not needed again; the module cache serves later builds.
+  chmod -R u+w "$CACHE_DIR/build" "$CACHE_DIR/go/build" 2>/dev/null || true
+  rm -rf "$CACHE_DIR/build" "$CACHE_DIR/go/build"
+  log "cached in $CACHE_DIR"
 }
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
@@ -129,7 +152,8 @@ running() {
 wait_ready() {
   local what=$1 url=$2 deadline=$(($(date +%s) + $3))
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    if curl -s --cacert "$STATE_DIR/pki/ca.crt" --max-time 2 -H "Authorization: Bearer $(cat "$STATE_DIR/token")" "$url" 2>/dev/null | grep -q '^ok'; then
+    if curl -s --cacert "$STATE_DIR/pki/ca.crt" --cert "$STATE_DIR/pki/admin.crt" --key "$STATE_DIR/pki/admin.key" \
+      --max-time 2 "$url" 2>/dev/null | grep -q '^ok'; then
       return 0
     fi
     sleep 0.5
@@ -148,12 +172,12 @@ up() {
   mkdir -p "$STATE_DIR"
   exec 9>"$STATE_DIR/lock"
   flock -w 600 9 || die "another hack/control-plane.sh up holds $STATE_DIR/lock"
-  if running; then
+  if running && [ "$(cat "$STATE_DIR/version" 2>/dev/null)" = "$K8S_VERSION $ETCD_VERSION" ]; then
     echo "$KUBECONFIG_PATH"
     return 0
   fi
   build
-  ensure_packages
+  ensure_prerequisites
   down_quiet
   local pki=$STATE_DIR/pki
   rm -rf "$STATE_DIR/etcd-data" "$pki"
@@ -168,8 +192,13 @@ up() {
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$pki/serving.ext"
   openssl x509 -req -in "$pki/serving.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
     -days 3650 -extfile "$pki/serving.ext" -out "$pki/serving.crt" 2>/dev/null
-  head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$STATE_DIR/token"
-  echo "$(cat "$STATE_DIR/token"),admin,admin,system:masters" >"$STATE_DIR/tokens.csv"
+  # The administrator's client certificate (group system:masters), for clients and the
+  # controller manager alike.
+  openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=admin" -keyout "$pki/admin.key" \
+    -out "$pki/admin.csr" 2>/dev/null
+  printf 'extendedKeyUsage=clientAuth\n' >"$pki/admin.ext"
+  openssl x509 -req -in "$pki/admin.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 3650 -extfile "$pki/admin.ext" -out "$pki/admin.crt" 2>/dev/null
   cat >"$KUBECONFIG_PATH" <<EOF
 apiVersion: v1
 kind: Config
@@ -181,22 +210,23 @@ clusters:
 users:
 - name: admin
   user:
-    token: $(cat "$STATE_DIR/token")
+    client-certificate: $pki/admin.crt
+    client-key: $pki/admin.key
 contexts:
 - name: bitpool-test
   context: {cluster: bitpool-test, user: admin, namespace: default}
 current-context: bitpool-test
 EOF
 
-  start_process etcd etcd --name bitpool-test --data-dir "$STATE_DIR/etcd-data" --unsafe-no-fsync \
+  start_process etcd "$ETCD_BIN" --name bitpool-test --data-dir "$STATE_DIR/etcd-data" --unsafe-no-fsync \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "bitpool-test=http://127.0.0.1:$ETCD_PEER_PORT"
   start_process kube-apiserver "$BIN_DIR/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --secure-port "$API_PORT" --insecure-port 0 \
+    --bind-address 127.0.0.1 --secure-port "$API_PORT" \
     --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
     --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
-    --token-auth-file "$STATE_DIR/tokens.csv" --authorization-mode RBAC \
+    --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
     --client-ca-file "$pki/ca.crt"
@@ -206,13 +236,14 @@ EOF
     die "kube-apiserver did not become ready within 60 s (log: $STATE_DIR/kube-apiserver.log)"
   fi
   start_process kube-controller-manager "$BIN_DIR/kube-controller-manager" --kubeconfig "$KUBECONFIG_PATH" \
-    --controllers namespace,garbagecollector,serviceaccount-token --leader-elect=false \
-    --secure-port 0 --port 0 --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --controllers namespace-controller,garbage-collector-controller,serviceaccount-token-controller \
+    --leader-elect=false --secure-port 0 --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --use-service-account-credentials=false
   sleep 1
   pid_alive "$STATE_DIR/kube-controller-manager.pid" ||
     { tail -n 20 "$STATE_DIR/kube-controller-manager.log" >&2; down_quiet; die "kube-controller-manager exited at start"; }
-  log "ready: export KUBECONFIG=$KUBECONFIG_PATH"
+  echo "$K8S_VERSION $ETCD_VERSION" >"$STATE_DIR/version"
+  log "ready (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION): export KUBECONFIG=$KUBECONFIG_PATH"
   echo "$KUBECONFIG_PATH"
 }
 
@@ -244,7 +275,7 @@ case "${1:-}" in
   build) build ;;
   up) up ;;
   down) down ;;
-  status) if running; then echo "running; KUBECONFIG=$KUBECONFIG_PATH"; else echo "not running"; exit 1; fi ;;
+  status) if running; then echo "running ($(cat "$STATE_DIR/version" 2>/dev/null || echo "unknown version")); KUBECONFIG=$KUBECONFIG_PATH"; else echo "not running"; exit 1; fi ;;
   kubeconfig) echo "$KUBECONFIG_PATH" ;;
-  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

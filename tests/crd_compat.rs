@@ -252,6 +252,13 @@ fn check(ours: &CustomResourceDefinition, upstream: &CustomResourceDefinition) -
                 "{prefix}: status subresource differs from upstream"
             ));
         }
+        // CEL rules (x-kubernetes-validations) that upstream enforces, ours enforce too.
+        let ours_rules = cel_rules(&schema_of(version));
+        for rule in cel_rules(&schema_of(up)) {
+            if !ours_rules.contains(&rule) {
+                problems.push(format!("{prefix}: upstream's CEL rule {rule:?} is missing"));
+            }
+        }
         let mut schema_problems = Vec::new();
         compare(
             "",
@@ -266,6 +273,52 @@ fn check(ours: &CustomResourceDefinition, upstream: &CustomResourceDefinition) -
         );
     }
     problems
+}
+
+/// Every CEL rule in a schema, with the path it applies to.
+fn cel_rules(schema: &Value) -> Vec<String> {
+    fn walk(path: &str, value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                for rule in map
+                    .get("x-kubernetes-validations")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    out.push(format!(
+                        "{path}: {}",
+                        rule["rule"].as_str().unwrap_or_default()
+                    ));
+                }
+                for (key, child) in map {
+                    walk(&format!("{path}/{key}"), child, out);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| walk(path, item, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk("", schema, &mut out);
+    out
+}
+
+#[test]
+fn cel_rules_are_found_wherever_they_are() {
+    let schema = serde_json::json!({
+        "properties": { "spec": {
+            "x-kubernetes-validations": [{ "rule": "self.a == self.b" }],
+            "properties": { "a": { "x-kubernetes-validations": [{ "rule": "size(self) < 9" }] } }
+        } }
+    });
+    assert_eq!(
+        cel_rules(&schema),
+        vec![
+            "/properties/spec: self.a == self.b".to_string(),
+            "/properties/spec/properties/a: size(self) < 9".to_string()
+        ]
+    );
 }
 
 #[test]

@@ -19,21 +19,24 @@ pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `../shared/upstream-crds`, beside the checkout. In CI (CI=true) a missing folder is a failure;
-/// elsewhere tests that need it are skipped with a message.
+/// The upstream CRDs: `$BITPOOL_UPSTREAM_CRDS` when set, else the pinned upstream module versions
+/// fetched (once, cached outside the checkout) by `hack/upstream-crds.sh`. Always `Some`: the
+/// repository tests itself; the `Option` keeps the callers' early returns.
 pub fn upstream_crds_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("BITPOOL_UPSTREAM_CRDS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("../shared/upstream-crds"));
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    let message = format!("upstream CRDs not found at {}", dir.display());
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{message}: CI must have ../shared beside the checkout");
-    }
-    eprintln!("SKIP: {message} (set BITPOOL_UPSTREAM_CRDS to their folder)");
-    None
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("BITPOOL_UPSTREAM_CRDS").filter(|d| !d.is_empty()) {
+            return PathBuf::from(dir);
+        }
+        let output = std::process::Command::new(root().join("hack/upstream-crds.sh"))
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run hack/upstream-crds.sh");
+        assert!(output.status.success(), "hack/upstream-crds.sh failed");
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    });
+    assert!(dir.is_dir(), "upstream CRDs not found at {}", dir.display());
+    Some(dir.clone())
 }
 
 /// Reads one multi-document YAML file of CRDs.
