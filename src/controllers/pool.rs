@@ -467,107 +467,40 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
     if !deleting && prepare_pool(&*pool, &ctx).await? == FinalizerPatch::Stale {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
-    let ledger_ref = transaction::ledger_of(&*pool, &ctx);
-    let fingerprint = (
-        pool.uid().unwrap_or_default(),
-        pool.meta().generation.unwrap_or_default(),
-    );
-    let (base, spec_error) = if deleting {
-        (None, Some("the pool is being deleted".to_string()))
-    } else {
-        match pool.space() {
-            Ok(space) => (Some((space, fingerprint)), None),
-            Err(e) => (None, Some(e)),
-        }
-    };
+    let (base, spec_error) = base_space(&*pool, deleting);
 
     // Read and plan.
     let claims = select_claims(&*pool, &ctx, deleting).await?;
     let addresses = index_addresses(pool.addresses(&ctx, None));
     let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
     batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
-    // Ledger trouble must not hold up releases: it is reported once they are done.
-    let mut ledger_error = None;
-    let live_objects = addresses
-        .values()
-        .any(|a| a.meta().deletion_timestamp.is_none());
-    let repaired = repair_record(
-        &*pool,
-        &ctx,
-        &ledger_ref,
-        &addresses,
-        !deleting && live_objects,
-        &mut batch.first,
-    )
-    .await;
-    keep_first(&mut ledger_error, repaired);
 
     // Commit, apply, commit.
-    let create = !deleting && !batch.first.allocate.is_empty();
-    let first = transaction::commit(
-        &ledger_ref,
+    let done = transact(
         &*pool,
         &ctx,
+        &mut batch,
+        &claims,
+        &addresses,
         base.as_ref(),
-        &batch.first,
-        create,
-    )
-    .await;
-    let outcomes = keep_first(&mut ledger_error, first)
-        .map(|(_, _, outcomes)| outcomes)
-        .unwrap_or_default();
-    let committed = Instant::now();
-    let key = pool.key();
-    create_addresses(&*pool, &ctx, &mut batch, &outcomes, committed, &spec_error).await;
-    delete_addresses(&*pool, &ctx, &mut batch).await?;
-    let unexplained = unexplained(&*pool, &ctx, &ledger_ref, &addresses).await;
-    batch.second.release_unbound = keep_first(&mut ledger_error, unexplained).unwrap_or_default();
-    let vanished = vanished_reservations(&*pool, &ctx, &ledger_ref, &claims).await;
-    batch
-        .second
-        .release_claims
-        .extend(keep_first(&mut ledger_error, vanished).unwrap_or_default());
-    let second = transaction::commit(
-        &ledger_ref,
-        &*pool,
-        &ctx,
-        base.as_ref(),
-        &batch.second,
-        false,
-    )
-    .await;
-    let (ledger, usage) = keep_first(&mut ledger_error, second)
-        .map(|(ledger, usage, _)| (ledger, usage))
-        .unwrap_or_default();
-    if !batch.first.allocate.is_empty() || !batch.second.is_empty() {
-        tracing::info!(
-            pool = %key.describe(),
-            pending = batch.first.allocate.len(),
-            created = batch.second.confirm.len(),
-            released = batch.second.release_claims.len(),
-            reclaimed = batch.second.release_unbound.len() + batch.orphaned.len(),
-            "reconciled"
-        );
-    }
-
-    // Report.
-    finish_claims(
-        &ctx,
-        &key,
-        std::mem::take(&mut batch.finished),
-        P::claim_finalizer,
+        &spec_error,
     )
     .await?;
+
+    // Report.
+    let key = pool.key();
+    let finished = std::mem::take(&mut batch.finished);
+    finish_claims(&ctx, &key, finished, P::claim_finalizer).await?;
     write_statuses(&ctx, &key, std::mem::take(&mut batch.statuses)).await;
-    if let Some(e) = ledger_error {
+    if let Some(e) = done.ledger_error {
         return Err(e);
     }
     if deleting {
         return finish_pool_deletion(&*pool, &ctx).await;
     }
     let report = Report {
-        usage: usage.as_ref(),
-        ledger: &ledger,
+        usage: done.usage.as_ref(),
+        ledger: &done.ledger,
         spec_error: spec_error.as_deref(),
         holders: &batch.holders,
     };
@@ -575,9 +508,93 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         let api = pool.api_for(ctx.client.clone());
         objects::merge_status(&api, &pool.name_any(), patch).await?;
     }
-    let next = next_check(&batch, &outcomes, &claims, &ctx, &key);
+    let next = next_check(&batch, &done.outcomes, &claims, &ctx, &key);
     tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
     Ok(Action::requeue(next))
+}
+
+/// The pool's empty address space, or why there is none (an invalid spec, a pool being deleted).
+fn base_space<P: PoolDialect>(
+    pool: &P,
+    deleting: bool,
+) -> (Option<transaction::Base>, Option<String>) {
+    if deleting {
+        return (None, Some("the pool is being deleted".to_string()));
+    }
+    let fingerprint = (
+        pool.uid().unwrap_or_default(),
+        pool.meta().generation.unwrap_or_default(),
+    );
+    match pool.space() {
+        Ok(space) => (Some((space, fingerprint)), None),
+        Err(e) => (None, Some(e)),
+    }
+}
+
+/// What the two ledger transactions and the object writes between them leave.
+struct Transacted {
+    ledger: Ledger,
+    usage: Option<Usage>,
+    outcomes: Outcomes,
+    /// The first ledger error: it does not hold up releases and is returned once they are done.
+    ledger_error: Option<Error>,
+}
+
+/// Transaction 1, the address objects it calls for, then transaction 2.
+async fn transact<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    batch: &mut Batch,
+    claims: &Selected,
+    addresses: &AddressIndex,
+    base: Option<&transaction::Base>,
+    spec_error: &Option<String>,
+) -> Result<Transacted, Error> {
+    let deleting = pool.meta().deletion_timestamp.is_some();
+    let ledger_ref = transaction::ledger_of(pool, ctx);
+    let mut ledger_error = None;
+    let live_objects = addresses
+        .values()
+        .any(|a| a.meta().deletion_timestamp.is_none());
+    let create = !deleting && live_objects;
+    let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, &mut batch.first).await;
+    keep_first(&mut ledger_error, repaired);
+
+    let create = !deleting && !batch.first.allocate.is_empty();
+    let first = transaction::commit(&ledger_ref, pool, ctx, base, &batch.first, create).await;
+    let outcomes = keep_first(&mut ledger_error, first)
+        .map(|(_, _, outcomes)| outcomes)
+        .unwrap_or_default();
+    let committed = Instant::now();
+    let reclaimed_objects = batch.orphaned.len();
+    create_addresses(pool, ctx, batch, &outcomes, committed, spec_error).await;
+    delete_addresses(pool, ctx, batch).await?;
+
+    let unexplained = unexplained(pool, ctx, &ledger_ref, addresses).await;
+    batch.second.release_unbound = keep_first(&mut ledger_error, unexplained).unwrap_or_default();
+    let vanished = vanished_reservations(pool, ctx, &ledger_ref, claims).await;
+    let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
+    batch.second.release_claims.extend(vanished);
+    let second = transaction::commit(&ledger_ref, pool, ctx, base, &batch.second, false).await;
+    let (ledger, usage) = keep_first(&mut ledger_error, second)
+        .map(|(ledger, usage, _)| (ledger, usage))
+        .unwrap_or_default();
+    if !batch.first.allocate.is_empty() || !batch.second.is_empty() || reclaimed_objects > 0 {
+        tracing::info!(
+            pool = %pool.key().describe(),
+            pending = batch.first.allocate.len(),
+            created = batch.second.confirm.len(),
+            released = batch.second.release_claims.len(),
+            reclaimed = batch.second.release_unbound.len() + reclaimed_objects,
+            "reconciled"
+        );
+    }
+    Ok(Transacted {
+        ledger,
+        usage,
+        outcomes,
+        ledger_error,
+    })
 }
 
 /// `result`'s value, remembering its error in `first` unless an earlier one is there.
@@ -739,42 +756,37 @@ async fn create_addresses<P: PoolDialect>(
     })
     .await;
     for (claim, lease, object_name, result) in created {
+        batch.record_creation(&key, claim, &lease, object_name, result);
+    }
+}
+
+impl Batch {
+    /// What creating `claim`'s address object for `lease` means for transaction 2 and the
+    /// claim's status; `None` when it was not attempted (left for the next reconcile).
+    fn record_creation(
+        &mut self,
+        key: &PoolKey,
+        claim: AnyClaim,
+        lease: &Lease,
+        object_name: Option<String>,
+        result: Option<Result<Created, Error>>,
+    ) {
         let Some(uid) = claim.meta().uid.clone() else {
-            continue;
+            return;
         };
-        match result {
-            None => batch.again_within(Duration::ZERO),
-            Some(Ok(Created::Confirmed)) => {
-                batch.second.confirm.push((lease.address, uid));
-                batch
-                    .holders
-                    .insert((claim.kind(), claim.name()), lease.address);
-                batch.statuses.push((
-                    claim,
-                    Outcome::Allocated {
-                        address_name: object_name.unwrap_or_default(),
-                        address: lease.address,
-                    },
-                ));
-            }
+        let address = match result {
+            None => return self.again_within(Duration::ZERO),
+            Some(Ok(Created::Confirmed)) => lease.address,
             Some(Ok(Created::Own(address))) => {
                 // The claim's object existed with another address (a cache that had not seen
                 // it): that one is the claim's, the new reservation is not needed.
-                batch.second.release.push((lease.address, uid.clone()));
-                batch.second.confirm.push((address, uid));
-                batch.holders.insert((claim.kind(), claim.name()), address);
-                batch.statuses.push((
-                    claim,
-                    Outcome::Allocated {
-                        address_name: object_name.unwrap_or_default(),
-                        address,
-                    },
-                ));
+                self.second.release.push((lease.address, uid.clone()));
+                address
             }
             Some(Ok(Created::Conflict(message))) => {
                 // The name is taken by another object: this reservation is not needed.
-                batch.second.release.push((lease.address, uid));
-                batch.statuses.push((claim, Outcome::Failed(message)));
+                self.second.release.push((lease.address, uid));
+                return self.statuses.push((claim, Outcome::Failed(message)));
             }
             Some(Err(e)) => {
                 tracing::warn!(
@@ -783,13 +795,20 @@ async fn create_addresses<P: PoolDialect>(
                     error = %e,
                     "creating the address object failed; retrying"
                 );
-                batch.again_within(Duration::from_secs(1));
-                batch.statuses.push((
-                    claim,
-                    Outcome::Failed(format!("creating the address object failed: {e}")),
-                ));
+                self.again_within(Duration::from_secs(1));
+                let message = format!("creating the address object failed: {e}");
+                return self.statuses.push((claim, Outcome::Failed(message)));
             }
-        }
+        };
+        self.second.confirm.push((address, uid));
+        self.holders.insert((claim.kind(), claim.name()), address);
+        self.statuses.push((
+            claim,
+            Outcome::Allocated {
+                address_name: object_name.unwrap_or_default(),
+                address,
+            },
+        ));
     }
 }
 
