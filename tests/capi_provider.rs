@@ -14,7 +14,7 @@ use bitpool::api::capi_pools::{
 };
 use bitpool::api::{AllocationStrategy, labels};
 use bitpool::controllers::WATCH_FILTER_LABEL;
-use futures::{StreamExt, stream};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
@@ -792,22 +792,14 @@ async fn preallocations_requested_addresses_and_random_allocation() {
 
 /// Creates `count` claims spread over `pools`, `parallel` at a time.
 async fn burst(env: &Env, pools: &[&str], count: usize) {
-    let creations = (0..count).map(|i| {
-        let claim = env.claim_object(
+    let claims = (0..count).map(|i| {
+        env.claim_object(
             &format!("claim-{i:03}"),
             "InClusterIPPool",
             pools[i % pools.len()],
-        );
-        let api = env.claims();
-        async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
+        )
     });
-    for result in stream::iter(creations)
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await
-    {
-        result.expect("create claim");
-    }
+    support::ipam::create_claims(env, claims).await;
 }
 
 /// Every claim Ready with its own IPAddress, no address twice within a pool, and each pool's

@@ -2,8 +2,8 @@
 //!
 //! A ledger that is missing, unreadable or written for an earlier pool is rebuilt from the pool's
 //! live address objects, read from the server. What was in flight is not in those objects, so a
-//! rebuilt ledger is fenced ([`ledger::REBUILD_FENCE`]) unless the pool never had a ledger: the
-//! pool carries [`LEDGER_ANNOTATION`] from before its first ledger is created.
+//! rebuilt ledger is fenced ([`super::ledger::REBUILD_FENCE`]) unless no reservation was ever made in the
+//! pool: the pool carries [`LEDGER_ANNOTATION`] from before its first reservation.
 
 use std::sync::Arc;
 
@@ -22,8 +22,8 @@ use super::objects;
 use super::pool::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
 use crate::alloc::AddressSpace;
 
-/// Set on a pool before its first ledger is created: a pool that has it and no ledger has lost
-/// its record.
+/// Set on a pool before its first reservation: a pool that has it and no ledger has lost its
+/// record.
 pub const LEDGER_ANNOTATION: &str = "ipam.bitpool.dev/ledger";
 /// Ledger writes attempted before a reconcile gives up and retries later.
 const LEDGER_ATTEMPTS: usize = 8;
@@ -75,23 +75,30 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> 
     }
 }
 
-/// Whether the pool had a ledger before (read from the server, not a cache); marks it otherwise,
-/// before the first ledger is created.
-async fn had_ledger<P: PoolDialect>(
+/// Whether a reservation may ever have been made in the pool's ledger: the pool carries
+/// [`LEDGER_ANNOTATION`] (read from the server, not a cache).
+async fn ever_reserved<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<bool, Error> {
+    let api = pool.api_for(ctx.client.clone());
+    let current = api.get(&pool.name_any()).await.map_err(Error::Kube)?;
+    Ok(current.annotations().contains_key(LEDGER_ANNOTATION))
+}
+
+/// Marks the pool before its first reservation, so that a ledger lost after it is rebuilt with a
+/// fence, and a pool that never reserved anything starts at once (also when two processes race
+/// to create its first ledger).
+async fn mark_before_reserving<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     ledger_ref: &LedgerRef,
-) -> Result<bool, Error> {
-    let api = pool.api_for(ctx.client.clone());
-    let current = api.get(&pool.name_any()).await.map_err(Error::Kube)?;
-    if current.annotations().contains_key(LEDGER_ANNOTATION) {
-        return Ok(true);
+) -> Result<(), Error> {
+    if pool.annotations().contains_key(LEDGER_ANNOTATION) {
+        return Ok(());
     }
+    let api = pool.api_for(ctx.client.clone());
     let patch = serde_json::json!({ "metadata": { "annotations": {
         LEDGER_ANNOTATION: format!("{}/{}", ledger_ref.namespace, ledger_ref.name)
     } } });
-    objects::merge_patch(&api, &pool.name_any(), patch).await?;
-    Ok(false)
+    objects::merge_patch(&api, &pool.name_any(), patch).await
 }
 
 /// A ledger rebuilt from the pool's live address objects, fenced when the record was lost.
@@ -127,7 +134,7 @@ pub async fn load<P: PoolDialect>(
             Loaded::Found(stored) => return Ok(Some(stored)),
             Loaded::Missing if !create => return Ok(None),
             Loaded::Missing => {
-                let lost = had_ledger(pool, ctx, ledger_ref)
+                let lost = ever_reserved(pool, ctx)
                     .await?
                     .then(|| format!("{} was missing", ledger_ref.describe()));
                 let ledger = rebuild(pool, ctx, lost).await?;
@@ -178,6 +185,9 @@ pub async fn commit<P: PoolDialect>(
     let key = pool.key();
     let mut rng = StdRng::from_os_rng();
     let now = objects::now().0.to_string();
+    if !intent.allocate.is_empty() {
+        mark_before_reserving(pool, ctx, ledger_ref).await?;
+    }
     for _ in 0..LEDGER_ATTEMPTS {
         let Some(stored) = load(ledger_ref, pool, ctx, create).await? else {
             let usage = base.map(|(empty, _)| Usage::of(empty));

@@ -134,9 +134,15 @@ pub async fn burst(env: &Env, prefix: &str, kind: &str, pool: &str, count: usize
     } else {
         CAPI_GROUP
     };
+    let claims =
+        (0..count).map(|i| claim_object(env, &format!("{prefix}-{i:04}"), group, kind, pool));
+    create_claims(env, claims).await;
+}
+
+/// Creates `claims` in the test namespace, 32 at a time.
+pub async fn create_claims(env: &Env, claims: impl Iterator<Item = IPAddressClaim>) {
     let api: Api<IPAddressClaim> = env.api();
-    let creations = (0..count).map(|i| {
-        let claim = claim_object(env, &format!("{prefix}-{i:04}"), group, kind, pool);
+    let creations = claims.map(|claim| {
         let api = api.clone();
         async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
     });
