@@ -874,6 +874,15 @@ async fn two_processes_racing_never_hand_out_an_address_twice() {
         first.log,
         second.log
     );
+    // Racing to create a new pool's first ledger loses nothing, so nothing is rebuilt or fenced.
+    for bitpool in [&first, &second] {
+        let log = std::fs::read_to_string(&bitpool.log).unwrap_or_default();
+        assert!(
+            !log.contains("rebuilding the pool's ledger"),
+            "a new pool's ledger was taken for a lost one: {:?}",
+            bitpool.log
+        );
+    }
 }
 
 #[tokio::test]

@@ -185,14 +185,18 @@ pub async fn commit<P: PoolDialect>(
     let key = pool.key();
     let mut rng = StdRng::from_os_rng();
     let now = objects::now().0.to_string();
-    if !intent.allocate.is_empty() {
-        mark_before_reserving(pool, ctx, ledger_ref).await?;
-    }
+    let mut marked = intent.allocate.is_empty();
     for _ in 0..LEDGER_ATTEMPTS {
         let Some(stored) = load(ledger_ref, pool, ctx, create).await? else {
             let usage = base.map(|(empty, _)| Usage::of(empty));
             return Ok((Ledger::default(), usage, Outcomes::new()));
         };
+        // After the ledger exists (a mark before would make a new pool's first ledger look lost)
+        // and before anything is reserved in it.
+        if !marked {
+            mark_before_reserving(pool, ctx, ledger_ref).await?;
+            marked = true;
+        }
         let mut space = base.map(|(empty, fingerprint)| {
             ctx.take_space(&key, fingerprint, stored.version())
                 .unwrap_or_else(|| {
