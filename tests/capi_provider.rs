@@ -163,13 +163,7 @@ impl CapiEnv for Env {
 fn ready_condition(
     claim: &IPAddressClaim,
 ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    claim
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .cloned()
+    support::ipam::ready(claim).cloned()
 }
 
 fn spec(addresses: &[&str], prefix: i32, gateway: Option<&str>) -> InClusterIPPoolSpec {

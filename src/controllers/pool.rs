@@ -570,11 +570,15 @@ async fn transact<P: PoolDialect>(
     create_addresses(pool, ctx, batch, &outcomes, committed, spec_error).await;
     delete_addresses(pool, ctx, batch).await?;
 
-    let unexplained = unexplained(pool, ctx, &ledger_ref, addresses).await;
-    batch.second.release_unbound = keep_first(&mut ledger_error, unexplained).unwrap_or_default();
-    let vanished = vanished_reservations(pool, ctx, &ledger_ref, claims).await;
-    let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
-    batch.second.release_claims.extend(vanished);
+    let current = transaction::load(&ledger_ref, pool, ctx, false).await;
+    if let Some(Some(stored)) = keep_first(&mut ledger_error, current) {
+        let unexplained = unexplained(pool, ctx, &stored.ledger, addresses).await;
+        batch.second.release_unbound =
+            keep_first(&mut ledger_error, unexplained).unwrap_or_default();
+        let vanished = vanished_reservations(ctx, &stored.ledger, claims).await;
+        let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
+        batch.second.release_claims.extend(vanished);
+    }
     let second = transaction::commit(&ledger_ref, pool, ctx, base, &batch.second, false).await;
     let (ledger, usage) = keep_first(&mut ledger_error, second)
         .map(|(ledger, usage, _)| (ledger, usage))
@@ -1012,19 +1016,15 @@ async fn orphaned_objects(
 
 /// Reservations whose claim no longer exists (checked on the server once they are older than
 /// [`ORPHAN_GRACE`]): a claim deleted while its allocation was in flight.
-async fn vanished_reservations<P: PoolDialect>(
-    pool: &P,
+async fn vanished_reservations(
     ctx: &Context,
-    ledger_ref: &LedgerRef,
+    ledger: &Ledger,
     claims: &Selected,
 ) -> Result<Vec<String>, Error> {
-    let Some(stored) = transaction::load(ledger_ref, pool, ctx, false).await? else {
-        return Ok(Vec::new());
-    };
     let known: HashSet<&String> = claims.all.values().collect();
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut vanished = Vec::new();
-    for reservation in stored.ledger.pending.values() {
+    for reservation in ledger.pending.values() {
         let old = reservation
             .since
             .parse::<k8s_openapi::jiff::Timestamp>()
@@ -1056,14 +1056,10 @@ async fn vanished_reservations<P: PoolDialect>(
 async fn unexplained<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
-    ledger_ref: &LedgerRef,
+    ledger: &Ledger,
     addresses: &AddressIndex,
 ) -> Result<Vec<IpAddr>, Error> {
     let key = pool.key();
-    let Some(stored) = transaction::load(ledger_ref, pool, ctx, false).await? else {
-        return Ok(Vec::new());
-    };
-    let ledger = stored.ledger;
     let held: HashSet<IpAddr> = addresses.values().filter_map(AnyAddress::ip).collect();
     let unexplained = |ip: &IpAddr, held: &HashSet<IpAddr>| {
         !held.contains(ip) && !ledger.pending.contains_key(&ip.to_string())
