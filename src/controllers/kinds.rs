@@ -101,11 +101,10 @@ impl AnyClaim {
 
     /// `<Kind> <namespace>/<name>`, for logs.
     pub fn describe(&self) -> String {
-        let kind = match self {
-            AnyClaim::Capi(_) => "IPAddressClaim",
-            AnyClaim::Metal3(_) => "IPClaim",
-        };
-        format!("{kind} {}/{}", self.namespace(), self.name())
+        match self {
+            AnyClaim::Capi(c) => super::describe(&**c),
+            AnyClaim::Metal3(c) => super::describe(&**c),
+        }
     }
 
     /// The UID of the claim of `kind` named `namespace/name` on the server now, if it exists.

@@ -129,7 +129,7 @@ impl<K: Resource<DynamicType = ()> + Clone + 'static> Drop for Shared<K> {
 }
 
 /// `<Kind> <namespace>/<name>` (or `<Kind> <name>`), naming an object in logs and retry counts.
-fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
+pub(crate) fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
     let name = object.meta().name.as_deref().unwrap_or_default();
     match object.meta().namespace.as_deref() {
         Some(ns) => format!("{} {ns}/{name}", K::kind(&())),
