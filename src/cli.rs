@@ -102,6 +102,39 @@ pub struct RunArgs {
         default_missing_value = "true"
     )]
     pub enable_bmh_name_based_preallocation: bool,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+}
+
+/// The webhook server (admission and conversion). The CRDs of the pool kinds convert through it,
+/// so it runs wherever bitpool serves them; `--webhook-port=0` turns it off (local runs).
+#[derive(Debug, Args)]
+pub struct WebhookArgs {
+    /// Port of the HTTPS webhook server; 0 serves no webhooks.
+    #[arg(long, env = "BITPOOL_WEBHOOK_PORT", default_value_t = 9443)]
+    pub webhook_port: u16,
+    /// Address the webhook server listens on.
+    #[arg(long, env = "BITPOOL_WEBHOOK_HOST", default_value = "0.0.0.0")]
+    pub webhook_host: std::net::IpAddr,
+    /// Directory with `tls.crt` and `tls.key` (as cert-manager writes them); re-read when they
+    /// change.
+    #[arg(
+        long,
+        env = "BITPOOL_WEBHOOK_CERT_DIR",
+        default_value = "/tmp/k8s-webhook-server/serving-certs"
+    )]
+    pub webhook_cert_dir: PathBuf,
+    /// Minimum TLS version: VersionTLS12 or VersionTLS13.
+    #[arg(long, env = "BITPOOL_TLS_MIN_VERSION", default_value = "VersionTLS12")]
+    pub tls_min_version: crate::webhook::tls::MinVersion,
+    /// TLS 1.2 cipher suites, by their Go names, comma-separated (default: all that rustls
+    /// offers, every one AEAD with forward secrecy). TLS 1.3 suites are always on.
+    #[arg(long, env = "BITPOOL_TLS_CIPHER_SUITES", value_delimiter = ',')]
+    pub tls_cipher_suites: Vec<String>,
+    /// Refuse a pool whose addresses overlap another pool's (any kind, any namespace). Off by
+    /// default, as upstream: overlapping ranges can be on purpose (NAT, separate sites).
+    #[arg(long, env = "BITPOOL_REFUSE_OVERLAPPING_POOLS")]
+    pub refuse_overlapping_pools: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -122,6 +155,14 @@ pub struct CrdsArgs {
     /// wait until they are established.
     #[arg(long, env = "BITPOOL_CRDS_APPLY", conflicts_with = "out")]
     pub apply: bool,
+    /// Send ConversionReviews to this URL (a bitpool outside the cluster) instead of the
+    /// `bitpool-webhook-service` Service in `bitpool-system`.
+    #[arg(long, env = "BITPOOL_CRDS_CONVERSION_URL", conflicts_with = "out")]
+    pub conversion_url: Option<String>,
+    /// PEM file of the CA that signed the webhook's certificate (the CRDs' `caBundle`; inside a
+    /// cluster cert-manager injects it).
+    #[arg(long, env = "BITPOOL_CRDS_CONVERSION_CA_FILE", conflicts_with = "out")]
+    pub conversion_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -147,6 +188,8 @@ pub enum Error {
     Render(#[source] serde_saphyr::SerializeError),
     #[error("cannot apply InClusterIPPool {name}: {source}")]
     Apply { name: String, source: kube::Error },
+    #[error(transparent)]
+    Webhook(#[from] crate::webhook::ServeError),
     #[error("{0} allocation(s) would change; nothing was written")]
     WouldChange(usize),
 }
@@ -304,6 +347,21 @@ async fn crds_command(args: CrdsArgs) -> Result<(), Error> {
     if args.standalone {
         selected.extend(crds::standalone());
     }
+    if args.conversion_url.is_some() || args.conversion_ca_file.is_some() {
+        let mut client_config = crds::default_conversion();
+        if let Some(url) = &args.conversion_url {
+            client_config.service = None;
+            client_config.url = Some(url.clone());
+        }
+        if let Some(path) = &args.conversion_ca_file {
+            let pem = std::fs::read(path).map_err(|e| Error::Input {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            client_config.ca_bundle = Some(k8s_openapi::ByteString(pem));
+        }
+        crds::set_conversion(&mut selected, &client_config);
+    }
     if args.apply {
         let client = kube::Client::try_default().await.map_err(Error::Connect)?;
         crds::apply(&client, &selected, Duration::from_secs(60)).await?;
@@ -342,6 +400,8 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         burst: args.kube_api_burst,
     })
     .await?;
+    // Before the CRD wait: the pool CRDs convert through this server.
+    start_webhooks(&args.webhook, &client).await?;
     // bitpool's own CRDs, and the contract's IPAddressClaim and IPAddress (from Cluster API
     // core, or `bitpool crds --apply --standalone`).
     let mut required = crds::served();
@@ -357,6 +417,27 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     let grace = Duration::from_secs(args.shutdown_timeout_seconds);
     controllers::run(client, settings, stop_on_signal(grace)).await;
     tracing::info!("stopped");
+    Ok(())
+}
+
+async fn start_webhooks(args: &WebhookArgs, client: &kube::Client) -> Result<(), Error> {
+    if args.webhook_port == 0 {
+        tracing::info!("webhook server off (--webhook-port=0)");
+        return Ok(());
+    }
+    let options = crate::webhook::tls::TlsOptions {
+        cert_dir: args.webhook_cert_dir.clone(),
+        min_version: args.tls_min_version,
+        cipher_suites: args.tls_cipher_suites.clone(),
+    };
+    let webhooks = std::sync::Arc::new(crate::webhook::Webhooks {
+        client: client.clone(),
+        refuse_overlap: args.refuse_overlapping_pools,
+    });
+    let addr = std::net::SocketAddr::new(args.webhook_host, args.webhook_port);
+    // Served until the process exits: peers may still call it while work drains.
+    let server = crate::webhook::serve(addr, options, webhooks, std::future::pending()).await?;
+    tokio::spawn(server);
     Ok(())
 }
 

@@ -5,8 +5,12 @@
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
+    WebhookConversion,
+};
 use kube::api::{Api, Patch, PatchParams};
+use kube::core::crd::merge_crds;
 use kube::runtime::wait::{Condition, conditions};
 use kube::{Client, CustomResourceExt};
 
@@ -37,11 +41,63 @@ pub enum Error {
     NotEstablished { waited: Duration, missing: String },
 }
 
+/// Where the API server sends ConversionReviews: the webhook Service of the deployment in
+/// `config/` unless told otherwise.
+pub fn default_conversion() -> WebhookClientConfig {
+    WebhookClientConfig {
+        service: Some(ServiceReference {
+            namespace: "bitpool-system".into(),
+            name: "bitpool-webhook-service".into(),
+            path: Some(crate::webhook::CONVERT_PATH.into()),
+            port: Some(443),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The pool kinds at v1alpha1 and v1alpha2 (storage), converted by bitpool's webhook.
+fn with_v1alpha1(
+    current: CustomResourceDefinition,
+    v1alpha1: CustomResourceDefinition,
+) -> CustomResourceDefinition {
+    let name = current.metadata.name.clone().unwrap_or_default();
+    let mut merged = merge_crds(vec![v1alpha1, current], "v1alpha2")
+        .unwrap_or_else(|e| unreachable!("{name}: both versions derive from one kind: {e}"));
+    merged.spec.conversion = Some(CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(default_conversion()),
+            conversion_review_versions: vec!["v1".into()],
+        }),
+    });
+    merged
+}
+
+/// Points the conversion webhooks of `crds` (those that have one) at `client_config`.
+pub fn set_conversion(crds: &mut [CustomResourceDefinition], client_config: &WebhookClientConfig) {
+    for crd in crds {
+        if let Some(webhook) = crd
+            .spec
+            .conversion
+            .as_mut()
+            .and_then(|c| c.webhook.as_mut())
+        {
+            webhook.client_config = Some(client_config.clone());
+        }
+    }
+}
+
 /// The kinds bitpool serves: it owns their CRDs in every installation.
 pub fn served() -> Vec<CustomResourceDefinition> {
     finish(vec![
-        capi_pools::InClusterIPPool::crd(),
-        capi_pools::GlobalInClusterIPPool::crd(),
+        with_v1alpha1(
+            capi_pools::InClusterIPPool::crd(),
+            capi_pools::v1alpha1::InClusterIPPool::crd(),
+        ),
+        with_v1alpha1(
+            capi_pools::GlobalInClusterIPPool::crd(),
+            capi_pools::v1alpha1::GlobalInClusterIPPool::crd(),
+        ),
         metal3_ipam::IPPool::crd(),
         metal3_ipam::IPClaim::crd(),
         metal3_ipam::Metal3IPAddress::crd(),
@@ -215,18 +271,19 @@ mod tests {
     #[test]
     fn every_served_kind_has_a_status_subresource_but_addresses() {
         for crd in served() {
-            let version = &crd.spec.versions[0];
-            let has_status = version
-                .subresources
-                .as_ref()
-                .and_then(|s| s.status.as_ref())
-                .is_some();
-            assert_eq!(
-                has_status,
-                crd.spec.names.kind != "IPAddress",
-                "{}",
-                crd.spec.names.kind
-            );
+            for version in &crd.spec.versions {
+                let has_status = version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some();
+                assert_eq!(
+                    has_status,
+                    crd.spec.names.kind != "IPAddress",
+                    "{}",
+                    crd.spec.names.kind
+                );
+            }
         }
     }
 

@@ -6,6 +6,7 @@
 //! - [`controllers`]: the reconcilers (fetch, compute with [`alloc`], apply, write status).
 //! - [`render`]: a host's metaData and networkData from its template, as CAPM3 writes them.
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
+//! - [`webhook`]: the admission and conversion webhooks.
 //! - [`cli`]: the `bitpool` command line.
 
 pub mod alloc;
@@ -16,3 +17,4 @@ pub mod controllers;
 pub mod crds;
 pub mod migrate;
 pub mod render;
+pub mod webhook;

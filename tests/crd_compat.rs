@@ -234,7 +234,20 @@ fn check(ours: &CustomResourceDefinition, upstream: &CustomResourceDefinition) -
             continue;
         };
         let prefix = format!("{kind} {}", version.name);
-        if columns(version) != columns(up) {
+        // Upstream's v1alpha1 pool columns read `.spec.first`/`.spec.last`, fields that do not
+        // exist (the JSON names are `start`/`end`): bitpool shows the real fields.
+        let upstream_columns: Vec<_> = columns(up)
+            .into_iter()
+            .map(|(name, type_, path)| {
+                let path = match path.as_str() {
+                    ".spec.first" => ".spec.start".to_string(),
+                    ".spec.last" => ".spec.end".to_string(),
+                    _ => path,
+                };
+                (name, type_, path)
+            })
+            .collect();
+        if columns(version) != upstream_columns {
             problems.push(format!(
                 "{prefix}: printer columns {:?}, upstream {:?}",
                 columns(version),

@@ -13,6 +13,6 @@ pub mod set;
 pub mod space;
 
 pub use error::{AllocError, SpecError};
-pub use family::Family;
-pub use pool::{CapiPool, Metal3Entry, Metal3Pool, Strategy};
+pub use family::{Family, parse_address, parse_subnet};
+pub use pool::{CapiPool, Layout, Metal3Entry, Metal3Pool, Strategy};
 pub use space::{AddressSpace, Counts, Lease, Marked};

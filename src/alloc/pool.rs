@@ -104,6 +104,18 @@ pub struct Layout {
     pub pre_allocations_outside: BTreeMap<String, u128>,
 }
 
+impl Layout {
+    /// Whether `address` is one the pool hands out (in a segment, of the pool's family).
+    pub fn contains(&self, address: IpAddr) -> bool {
+        let value = family::to_value(address);
+        Family::of(address) == self.family
+            && self
+                .segments
+                .iter()
+                .any(|s| s.first <= value && value <= s.last)
+    }
+}
+
 /// What a preallocation outside the pool does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Outside {

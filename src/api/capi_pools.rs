@@ -115,3 +115,82 @@ pub struct IPAddressCounts {
     pub used: i64,
     pub out_of_range: i64,
 }
+
+/// The pools at `v1alpha1`, the in-cluster provider's first API (before v0.1.0-alpha.3), still
+/// served so that installations that stored it, and manifests written for it, keep working. The
+/// API server converts through bitpool's webhook (`webhook::conversion`).
+pub mod v1alpha1 {
+    use kube::CustomResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    use super::InClusterIPPoolStatus;
+
+    /// The v1alpha1 spec: a subnet, or a `start`–`end` range, or addresses.
+    #[derive(
+        CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
+    )]
+    #[kube(
+        group = "ipam.cluster.x-k8s.io",
+        version = "v1alpha1",
+        kind = "InClusterIPPool",
+        doc = "InClusterIPPool at v1alpha1 (deprecated): a subnet, a start-end range, or addresses.",
+        namespaced,
+        status = "InClusterIPPoolStatus",
+        category = "cluster-api",
+        deprecated,
+        printcolumn = r#"{"name":"Subnet","type":"string","jsonPath":".spec.subnet","description":"Subnet to allocate IPs from"}"#,
+        printcolumn = r#"{"name":"First","type":"string","jsonPath":".spec.start","description":"First address of the range to allocate from"}"#,
+        printcolumn = r#"{"name":"Last","type":"string","jsonPath":".spec.end","description":"Last address of the range to allocate from"}"#,
+        printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses","description":"List of addresses, within the subnet, to allocate from"}"#,
+        printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of IPs configured for the pool"}"#,
+        printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
+        printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
+    )]
+    #[serde(rename_all = "camelCase")]
+    pub struct InClusterIPPoolSpec {
+        /// Addresses that can be assigned (single IPs, ranges, CIDRs).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub addresses: Vec<String>,
+        /// The subnet to assign addresses from; `start` and `end` default to its second and
+        /// second-last addresses.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub subnet: Option<String>,
+        /// The first address that can be assigned.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub start: Option<String>,
+        /// The last address that can be assigned.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub end: Option<String>,
+        /// The network prefix; from the subnet when unset.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(range(max = 128))]
+        pub prefix: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub gateway: Option<String>,
+    }
+
+    /// GlobalInClusterIPPool at v1alpha1 (deprecated).
+    #[derive(
+        CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
+    )]
+    #[kube(
+        group = "ipam.cluster.x-k8s.io",
+        version = "v1alpha1",
+        kind = "GlobalInClusterIPPool",
+        doc = "GlobalInClusterIPPool at v1alpha1 (deprecated): a subnet, a start-end range, or addresses.",
+        status = "InClusterIPPoolStatus",
+        category = "cluster-api",
+        deprecated,
+        printcolumn = r#"{"name":"Subnet","type":"string","jsonPath":".spec.subnet","description":"Subnet to allocate IPs from"}"#,
+        printcolumn = r#"{"name":"First","type":"string","jsonPath":".spec.start","description":"First address of the range to allocate from"}"#,
+        printcolumn = r#"{"name":"Last","type":"string","jsonPath":".spec.end","description":"Last address of the range to allocate from"}"#,
+        printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of IPs configured for the pool"}"#,
+        printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
+        printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
+    )]
+    pub struct GlobalInClusterIPPoolSpec {
+        #[serde(flatten)]
+        pub pool: InClusterIPPoolSpec,
+    }
+}

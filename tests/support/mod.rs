@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod ipam;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -252,6 +253,8 @@ impl Bitpool {
             ])
             .args(extra_args)
             .env("KUBECONFIG", kubeconfig_path())
+            // No webhooks unless a test asks for them (`--webhook-port=…` wins over this).
+            .env("BITPOOL_WEBHOOK_PORT", "0")
             .env("RUST_LOG", "info,bitpool=debug,kube_runtime=debug")
             .stdout(file.try_clone().expect("log file handle"))
             .stderr(file)

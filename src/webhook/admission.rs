@@ -1,0 +1,493 @@
+//! AdmissionReviews: the object's kind picks the rules ([`super::rules`]); this module reads the
+//! cluster state they need. Reads are live (not cached): an admission decision must not act on
+//! a stale view of what is allocated.
+
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::{Client, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::rules::{self, Held, Reference};
+use super::{Phase, Webhooks, conversion};
+use crate::alloc::Layout;
+use crate::api::capi;
+use crate::api::capi_pools::{
+    GlobalInClusterIPPool, InClusterIPPool, InClusterIPPoolSpec, SKIP_DELETE_CHECK_ANNOTATION,
+    v1alpha1,
+};
+use crate::api::metal3_data::Metal3DataTemplate;
+use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
+
+/// Why a request could not be judged (the API server applies the webhook's failure policy).
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    #[error("the object is not a valid {kind}: {reason}")]
+    Decode { kind: String, reason: String },
+    #[error("cannot read {what}: {source}")]
+    Read { what: String, source: kube::Error },
+}
+
+type Verdict = Result<Vec<String>, AdmissionError>;
+
+impl Webhooks {
+    /// Answers an AdmissionReview (the request body).
+    pub async fn admit(&self, body: &[u8], phase: Phase) -> Result<Vec<u8>, String> {
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_slice(body).map_err(|e| format!("not an AdmissionReview: {e}"))?;
+        let request: AdmissionRequest<DynamicObject> = review
+            .try_into()
+            .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())?;
+        let response = AdmissionResponse::from(&request);
+        let response = match phase {
+            Phase::Mutate => mutate(&request, response),
+            Phase::Validate => match self.validate(&request).await {
+                Ok(problems) if problems.is_empty() => response,
+                Ok(problems) => {
+                    let message = problems.join("; ");
+                    tracing::info!(kind = %request.kind.kind, object = %describe(&request), operation = ?request.operation, reason = %message, "admission denied");
+                    response.deny(message)
+                }
+                Err(e) => {
+                    tracing::warn!(kind = %request.kind.kind, object = %describe(&request), error = %e, "cannot judge an admission request");
+                    response.deny(e.to_string())
+                }
+            },
+        };
+        serde_json::to_vec(&response.into_review()).map_err(|e| e.to_string())
+    }
+
+    async fn validate(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let kind = &request.kind;
+        match (kind.group.as_str(), kind.kind.as_str()) {
+            (capi::GROUP, "InClusterIPPool" | "GlobalInClusterIPPool") => {
+                self.capi_pool(request).await
+            }
+            (metal3_ipam::GROUP, "IPPool") => self.metal3_pool(request).await,
+            (metal3_ipam::GROUP, "IPClaim") => self.ipclaim(request).await,
+            (metal3_ipam::GROUP, "IPAddress") => metal3_address(request),
+            (capi::GROUP, "IPAddressClaim") => self.capi_claim(request).await,
+            ("infrastructure.cluster.x-k8s.io", "Metal3DataTemplate") => data_template(request),
+            _ => Ok(Vec::new()),
+        }
+    }
+}
+
+fn describe(request: &AdmissionRequest<DynamicObject>) -> String {
+    match &request.namespace {
+        Some(ns) => format!("{ns}/{}", request.name),
+        None => request.name.clone(),
+    }
+}
+
+/// The request's object (or old object) as `K`, at the version bitpool works with.
+fn decode<K: DeserializeOwned>(
+    kind: &str,
+    object: Option<&DynamicObject>,
+) -> Result<Option<K>, AdmissionError> {
+    let Some(object) = object else {
+        return Ok(None);
+    };
+    let decode_error = |reason: String| AdmissionError::Decode {
+        kind: kind.to_string(),
+        reason,
+    };
+    let mut value = serde_json::to_value(object).map_err(|e| decode_error(e.to_string()))?;
+    if value["apiVersion"] == conversion::V1ALPHA1 && conversion::KINDS.contains(&kind) {
+        value = conversion::convert(value, conversion::V1ALPHA2)
+            .map_err(|e| decode_error(e.to_string()))?;
+    }
+    serde_json::from_value(value)
+        .map(Some)
+        .map_err(|e| decode_error(e.to_string()))
+}
+
+fn annotated(object: Option<&DynamicObject>, annotation: &str) -> bool {
+    object.is_some_and(|o| {
+        o.annotations()
+            .get(annotation)
+            .is_some_and(|v| v != "false")
+    })
+}
+
+/// The Metal3 IPPool defaulting upstream does: `allocationStrategy: sequential`.
+fn mutate(
+    request: &AdmissionRequest<DynamicObject>,
+    response: AdmissionResponse,
+) -> AdmissionResponse {
+    let is_ippool = request.kind.group == metal3_ipam::GROUP && request.kind.kind == "IPPool";
+    let unset = request.object.as_ref().is_some_and(|o| {
+        o.data
+            .pointer("/spec/allocationStrategy")
+            .is_none_or(Value::is_null)
+    });
+    if !(is_ippool && unset) {
+        return response;
+    }
+    let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
+        {"op": "add", "path": "/spec/allocationStrategy", "value": "sequential"}
+    ])) {
+        Ok(patch) => patch,
+        Err(_) => return response,
+    };
+    match response.clone().with_patch(patch) {
+        Ok(patched) => patched,
+        Err(_) => response,
+    }
+}
+
+impl Webhooks {
+    async fn capi_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let kind = request.kind.kind.as_str();
+        let global = kind == "GlobalInClusterIPPool";
+        let spec_of =
+            |o: Option<&DynamicObject>| -> Result<Option<InClusterIPPoolSpec>, AdmissionError> {
+                Ok(if global {
+                    decode::<GlobalInClusterIPPool>(kind, o)?.map(|p| p.spec.pool)
+                } else {
+                    decode::<InClusterIPPool>(kind, o)?.map(|p| p.spec)
+                })
+            };
+        let namespace = request.namespace.clone();
+        if request.operation == Operation::Delete {
+            return self.pool_delete(request, kind, namespace).await;
+        }
+        let mut problems = Vec::new();
+        if request.kind.version == "v1alpha1"
+            && let Some(object) = &request.object
+            && let Ok(spec) =
+                serde_json::from_value::<v1alpha1::InClusterIPPoolSpec>(object.data["spec"].clone())
+        {
+            problems.extend(rules::v1alpha1_pool(&spec));
+        }
+        let Some(spec) = spec_of(request.object.as_ref())? else {
+            return Ok(problems);
+        };
+        let layout = match rules::capi_pool(&spec) {
+            Ok(layout) => layout,
+            Err(found) => {
+                problems.extend(found);
+                return Ok(problems);
+            }
+        };
+        if request.operation == Operation::Update
+            && !annotated(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION)
+        {
+            let old = spec_of(request.old_object.as_ref())?.and_then(|s| rules::capi_pool(&s).ok());
+            let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+            problems.extend(rules::shrink(&held, old.as_ref(), &layout));
+        }
+        if self.refuse_overlap {
+            let others = self
+                .other_layouts(kind, namespace.as_deref(), &request.name)
+                .await?;
+            problems.extend(rules::overlaps(&layout, &others));
+        }
+        Ok(problems)
+    }
+
+    async fn metal3_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let namespace = request.namespace.clone();
+        if request.operation == Operation::Delete {
+            return self.pool_delete(request, "IPPool", namespace).await;
+        }
+        let Some(new) = decode::<IPPool>("IPPool", request.object.as_ref())? else {
+            return Ok(Vec::new());
+        };
+        let layout = match rules::metal3_pool(&new.spec) {
+            Ok(layout) => layout,
+            Err(problems) => return Ok(problems),
+        };
+        let mut problems = Vec::new();
+        if let Some(old) = decode::<IPPool>("IPPool", request.old_object.as_ref())? {
+            problems.extend(rules::metal3_pool_update(&old.spec, &new.spec));
+            let indexes = old.status.map(|s| s.indexes).unwrap_or_default();
+            problems.extend(rules::metal3_indexes_in_bounds(&indexes, &layout));
+            if !annotated(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION) {
+                let old_layout = rules::metal3_pool(&old.spec).ok();
+                let held = self
+                    .held("IPPool", namespace.as_deref(), &request.name)
+                    .await?;
+                problems.extend(rules::shrink(&held, old_layout.as_ref(), &layout));
+            }
+        }
+        if self.refuse_overlap {
+            let others = self
+                .other_layouts("IPPool", namespace.as_deref(), &request.name)
+                .await?;
+            problems.extend(rules::overlaps(&layout, &others));
+        }
+        Ok(problems)
+    }
+
+    /// A pool with allocated addresses stays, unless `clusterctl move` says otherwise or its
+    /// namespace is being deleted (then everything in it goes, and the pool's finalizer keeps
+    /// it until its addresses are released).
+    async fn pool_delete(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: &str,
+        namespace: Option<String>,
+    ) -> Verdict {
+        if annotated(request.old_object.as_ref(), SKIP_DELETE_CHECK_ANNOTATION) {
+            return Ok(Vec::new());
+        }
+        if let Some(ns) = &namespace
+            && self.namespace_terminating(ns).await?
+        {
+            return Ok(Vec::new());
+        }
+        let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+        Ok(rules::delete(&held))
+    }
+
+    async fn namespace_terminating(&self, namespace: &str) -> Result<bool, AdmissionError> {
+        let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let found = api
+            .get_opt(namespace)
+            .await
+            .map_err(|source| AdmissionError::Read {
+                what: format!("namespace {namespace}"),
+                source,
+            })?;
+        Ok(found.is_none_or(|ns| ns.metadata.deletion_timestamp.is_some()))
+    }
+
+    /// The addresses allocated from a pool, of both address kinds.
+    async fn held(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Vec<Held>, AdmissionError> {
+        let group = if kind == "IPPool" {
+            metal3_ipam::GROUP
+        } else {
+            capi::GROUP
+        };
+        let capi_addresses: Vec<capi::IPAddress> =
+            list(&self.client, namespace, "IPAddresses").await?;
+        let mut held: Vec<Held> = capi_addresses
+            .into_iter()
+            .filter(|a| {
+                a.spec.pool_ref.name == name
+                    && a.spec.pool_ref.kind == kind
+                    && a.spec.pool_ref.api_group == group
+            })
+            .map(|a| Held {
+                address: a.spec.address,
+                claim: a.spec.claim_ref.name,
+            })
+            .collect();
+        if kind == "IPPool" {
+            let metal3: Vec<Metal3IPAddress> =
+                list(&self.client, namespace, "Metal3 IPAddresses").await?;
+            held.extend(
+                metal3
+                    .into_iter()
+                    .filter(|a| a.spec.pool.name.as_deref() == Some(name))
+                    .map(|a| Held {
+                        address: a.spec.address,
+                        claim: a.spec.claim.name.unwrap_or_default(),
+                    }),
+            );
+        }
+        Ok(held)
+    }
+
+    /// Every other pool's layout (valid ones), named `Kind namespace/name`.
+    async fn other_layouts(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Vec<(String, Layout)>, AdmissionError> {
+        let this = |k: &str, ns: Option<String>, n: &str| {
+            k == kind && ns.as_deref() == namespace && n == name
+        };
+        let mut layouts = Vec::new();
+        let pools: Vec<InClusterIPPool> = list(&self.client, None, "InClusterIPPools").await?;
+        for p in pools {
+            let (ns, n) = (p.namespace(), p.name_any());
+            if !this("InClusterIPPool", ns.clone(), &n)
+                && let Ok(l) = rules::capi_pool(&p.spec)
+            {
+                layouts.push((format!("InClusterIPPool {}/{n}", ns.unwrap_or_default()), l));
+            }
+        }
+        let globals = Api::<GlobalInClusterIPPool>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| AdmissionError::Read {
+                what: "GlobalInClusterIPPools".into(),
+                source,
+            })?
+            .items;
+        for p in globals {
+            let n = p.name_any();
+            if !this("GlobalInClusterIPPool", None, &n)
+                && let Ok(l) = rules::capi_pool(&p.spec.pool)
+            {
+                layouts.push((format!("GlobalInClusterIPPool {n}"), l));
+            }
+        }
+        let ippools: Vec<IPPool> = list(&self.client, None, "IPPools").await?;
+        for p in ippools {
+            let (ns, n) = (p.namespace(), p.name_any());
+            if !this("IPPool", ns.clone(), &n)
+                && let Ok(l) = rules::metal3_pool(&p.spec)
+            {
+                layouts.push((format!("IPPool {}/{n}", ns.unwrap_or_default()), l));
+            }
+        }
+        Ok(layouts)
+    }
+
+    async fn ipclaim(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let reference = |c: &IPClaim| Reference {
+            name: c.spec.pool.name.clone().unwrap_or_default(),
+            namespace: c.spec.pool.namespace.clone().filter(|s| !s.is_empty()),
+            kind: c.spec.pool.kind.clone().filter(|s| !s.is_empty()),
+        };
+        let Some(new) = decode::<IPClaim>("IPClaim", request.object.as_ref())? else {
+            return Ok(Vec::new());
+        };
+        let old = decode::<IPClaim>("IPClaim", request.old_object.as_ref())?;
+        let mut problems = rules::ipclaim(old.as_ref().map(reference).as_ref(), &reference(&new));
+        let pool_namespace = reference(&new).namespace.or(request.namespace.clone());
+        let pool = self
+            .metal3_layout(pool_namespace.as_deref(), &reference(&new).name)
+            .await?;
+        let requested = new
+            .annotations()
+            .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
+            .cloned();
+        problems.extend(rules::requested_address(
+            requested.as_deref(),
+            pool.as_ref(),
+        ));
+        Ok(problems)
+    }
+
+    /// Claims on bitpool's pools only: a pool name, and a requested address the pool has.
+    async fn capi_claim(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        // Read field by field: v1beta1 claims may leave `poolRef.apiGroup` out.
+        let Some(claim) = request.object.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let text = |pointer: &str| {
+            claim
+                .data
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (group, kind, name) = (
+            text("/spec/poolRef/apiGroup"),
+            text("/spec/poolRef/kind"),
+            text("/spec/poolRef/name"),
+        );
+        let namespace = request.namespace.as_deref();
+        let layout = match (group.as_str(), kind.as_str()) {
+            (capi::GROUP, "InClusterIPPool" | "GlobalInClusterIPPool")
+            | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND)
+                if name.is_empty() =>
+            {
+                return Ok(vec!["spec.poolRef.name: cannot be empty".into()]);
+            }
+            (capi::GROUP, "InClusterIPPool") => {
+                let api: Api<InClusterIPPool> =
+                    Api::namespaced(self.client.clone(), namespace.unwrap_or_default());
+                get(&api, &name)
+                    .await?
+                    .and_then(|p| rules::capi_pool(&p.spec).ok())
+            }
+            (capi::GROUP, "GlobalInClusterIPPool") => {
+                let api: Api<GlobalInClusterIPPool> = Api::all(self.client.clone());
+                get(&api, &name)
+                    .await?
+                    .and_then(|p| rules::capi_pool(&p.spec.pool).ok())
+            }
+            (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
+                self.metal3_layout(namespace, &name).await?
+            }
+            _ => return Ok(Vec::new()),
+        };
+        let requested = claim
+            .annotations()
+            .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
+            .cloned();
+        Ok(rules::requested_address(
+            requested.as_deref(),
+            layout.as_ref(),
+        ))
+    }
+
+    async fn metal3_layout(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<Layout>, AdmissionError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        let api: Api<IPPool> = Api::namespaced(self.client.clone(), namespace.unwrap_or_default());
+        Ok(get(&api, name)
+            .await?
+            .and_then(|p| rules::metal3_pool(&p.spec).ok()))
+    }
+}
+
+fn metal3_address(request: &AdmissionRequest<DynamicObject>) -> Verdict {
+    let new = decode::<Metal3IPAddress>("IPAddress", request.object.as_ref())?;
+    let old = decode::<Metal3IPAddress>("IPAddress", request.old_object.as_ref())?;
+    Ok(new
+        .map(|n| rules::metal3_address(old.as_ref().map(|o| &o.spec), &n.spec))
+        .unwrap_or_default())
+}
+
+fn data_template(request: &AdmissionRequest<DynamicObject>) -> Verdict {
+    let kind = "Metal3DataTemplate";
+    let new = decode::<Metal3DataTemplate>(kind, request.object.as_ref())?;
+    let old = decode::<Metal3DataTemplate>(kind, request.old_object.as_ref())?;
+    Ok(new
+        .map(|n| rules::data_template(old.as_ref().map(|o| &o.spec), &n.spec))
+        .unwrap_or_default())
+}
+
+async fn get<K>(api: &Api<K>, name: &str) -> Result<Option<K>, AdmissionError>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name)
+        .await
+        .map_err(|source| AdmissionError::Read {
+            what: format!("pool {name}"),
+            source,
+        })
+}
+
+async fn list<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    what: &str,
+) -> Result<Vec<K>, AdmissionError>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    api.list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|source| AdmissionError::Read {
+            what: what.to_string(),
+            source,
+        })
+}

@@ -1,0 +1,39 @@
+//! The admission and conversion webhooks `bitpool run` serves over HTTPS.
+//!
+//! - [`server`]: the listener, TLS handshakes and routes (`/validate`, `/mutate`, `/convert`);
+//! - [`tls`]: rustls settings from the CAPI manager flags, and certificate reloading;
+//! - [`rules`]: what is allowed, as plain functions;
+//! - [`admission`]: AdmissionReviews: which rules apply to which object, and the cluster state
+//!   (allocated addresses, the pool a claim names) they need;
+//! - [`conversion`]: the v1alpha1 ↔ v1alpha2 pool conversion.
+
+pub mod admission;
+pub mod conversion;
+pub mod rules;
+pub mod server;
+pub mod tls;
+
+pub use server::{CONVERT_PATH, MUTATE_PATH, ServeError, VALIDATE_PATH, serve};
+
+/// Which kind of admission webhook a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Validate,
+    Mutate,
+}
+
+/// What the webhooks need: a client for the state some rules read, and the opt-in checks.
+#[derive(Clone)]
+pub struct Webhooks {
+    pub client: kube::Client,
+    /// Refuse a pool whose addresses overlap another pool's (upstream allows it: NAT and
+    /// separate sites can reuse ranges).
+    pub refuse_overlap: bool,
+}
+
+impl Webhooks {
+    /// Answers a ConversionReview.
+    pub fn convert(&self, body: &[u8]) -> Result<Vec<u8>, String> {
+        conversion::review(body)
+    }
+}

@@ -1,0 +1,558 @@
+//! The admission and conversion webhooks end to end: the test control plane calls bitpool over
+//! HTTPS (a CA bundle, the shipped webhook configurations), denials reach API clients and
+//! `kubectl`, pools written at v1alpha1 are read at v1alpha2 and the reverse, an installation
+//! that stored v1alpha1 upgrades in place, and a rotated certificate is served without a
+//! restart. The tests change cluster-wide objects, so they take turns ([`webhook::SERIAL`]).
+
+mod support;
+
+use bitpool::api::capi::{IPAddress, IPAddressClaim};
+use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use bitpool::api::metal3_ipam::{IPClaim, IPClaimSpec, IPPool, Metal3PoolRange};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use serde_json::json;
+use support::ipam::*;
+use support::webhook::{self, Registered, Served};
+use support::{Env, eventually, kubeconfig_path};
+
+/// The refusal of a write: the API server's message for a webhook denial, with every fragment.
+fn assert_denied<T: std::fmt::Debug>(result: Result<T, kube::Error>, fragments: &[&str]) {
+    match result {
+        Err(kube::Error::Api(e)) => {
+            assert!(
+                e.message.contains("denied the request"),
+                "not a webhook denial: {}",
+                e.message
+            );
+            for fragment in fragments {
+                assert!(
+                    e.message.contains(fragment),
+                    "{fragment:?} missing from: {}",
+                    e.message
+                );
+            }
+        }
+        other => panic!("expected a denial naming {fragments:?}, got {other:?}"),
+    }
+}
+
+/// `kubectl <args>` with `stdin`, against the test control plane: (success, stderr).
+fn kubectl(args: &[&str], stdin: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    if let Some(mut input) = child.stdin.take() {
+        input.write_all(stdin.as_bytes()).expect("write to kubectl");
+    }
+    let output = child.wait_with_output().expect("kubectl finishes");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+fn v1alpha1(kind: &str) -> ApiResource {
+    ApiResource {
+        group: CAPI_GROUP.into(),
+        version: "v1alpha1".into(),
+        api_version: format!("{CAPI_GROUP}/v1alpha1"),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}
+
+fn v1alpha1_pool(env: &Env, name: &str, spec: serde_json::Value) -> DynamicObject {
+    let mut pool =
+        DynamicObject::new(name, &v1alpha1("InClusterIPPool")).data(json!({ "spec": spec }));
+    pool.metadata = env.meta(name);
+    pool
+}
+
+/// One test's turn: bitpool with webhooks on, the configurations registered and called, the
+/// pool CRDs converting through it. Fields drop in order: configurations, bitpool, namespace,
+/// then the turn.
+struct Harness {
+    registered: Registered,
+    served: Served,
+    env: Env,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+async fn serve(prefix: &str, extra_args: &[&str]) -> Option<Harness> {
+    let turn = webhook::SERIAL.lock().await;
+    let env = Env::new(prefix).await?;
+    let served = Served::start(&env, extra_args);
+    served.wait_listening().await;
+    webhook::convert_through(&env.client, &served).await;
+    let registered = Registered::new(&env, &served).await;
+    registered.wait_active(&env).await;
+    Some(Harness {
+        registered,
+        served,
+        env,
+        _turn: turn,
+    })
+}
+
+#[tokio::test]
+async fn invalid_objects_are_refused_naming_field_and_rule() {
+    let Some(harness) = serve("wh-invalid", &[]).await else {
+        return;
+    };
+    let env = &harness.env;
+    let pools: Api<InClusterIPPool> = env.api();
+    let pp = PostParams::default();
+
+    let bad = InClusterIPPool {
+        metadata: env.meta("bad"),
+        spec: capi_spec(&["not-an-ip"], 99),
+        status: None,
+    };
+    assert_denied(
+        pools.create(&pp, &bad).await,
+        &[
+            "spec: provided address is not a valid IP, range, nor CIDR",
+            "not-an-ip",
+        ],
+    );
+    let mut mixed = capi_spec(&["10.1.0.1", "fd00::1"], 24);
+    mixed.gateway = Some("10.1.0.254".into());
+    let global = GlobalInClusterIPPool {
+        metadata: {
+            let mut m = env.meta(&format!("{}-mixed", env.name()));
+            m.namespace = None;
+            m
+        },
+        spec: bitpool::api::capi_pools::GlobalInClusterIPPoolSpec { pool: mixed },
+        status: None,
+    };
+    assert_denied(
+        Api::<GlobalInClusterIPPool>::all(env.client.clone())
+            .create(&pp, &global)
+            .await,
+        &["provided addresses are of mixed IP families"],
+    );
+    let old_form: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), env.name(), &v1alpha1("InClusterIPPool"));
+    assert_denied(
+        old_form
+            .create(
+                &pp,
+                &v1alpha1_pool(env, "banana", json!({"subnet": "banana"})),
+            )
+            .await,
+        &["spec.subnet: \"banana\" is not a valid CIDR"],
+    );
+
+    // The same refusal reaches kubectl.
+    let manifest = format!(
+        "apiVersion: ipam.cluster.x-k8s.io/v1alpha2\nkind: InClusterIPPool\nmetadata:\n  name: by-kubectl\n  namespace: {ns}\n  labels: {{cluster.x-k8s.io/watch-filter: {ns}}}\nspec:\n  addresses: [10.1.0.0/24]\n  prefix: 99\n",
+        ns = env.name()
+    );
+    let (ok, output) = kubectl(&["apply", "-f", "-"], &manifest);
+    assert!(
+        !ok && output.contains("denied the request")
+            && output.contains("provided prefix is not valid"),
+        "{output}"
+    );
+
+    let mut metal3 = metal3_spec("10.2.0.1", "10.2.0.9", 24);
+    metal3.pre_allocations = [("c".to_string(), "10.2.0.50".to_string())].into();
+    let ippool = IPPool {
+        metadata: env.meta("m3"),
+        spec: metal3,
+        status: None,
+    };
+    assert_denied(
+        env.api::<IPPool>().create(&pp, &ippool).await,
+        &["spec.preAllocations[c]: 10.2.0.50 is out of bounds of the pools given"],
+    );
+
+    let mut ipclaim = IPClaim {
+        metadata: env.meta("ipc"),
+        spec: IPClaimSpec {
+            pool: k8s_openapi::api::core::v1::ObjectReference {
+                name: Some("m3".into()),
+                ..Default::default()
+            },
+        },
+        status: None,
+    };
+    ipclaim
+        .annotations_mut()
+        .insert("ipAddress".into(), "nope".into());
+    assert_denied(
+        env.api::<IPClaim>().create(&pp, &ipclaim).await,
+        &["Invalid ipAddress annotation \"nope\""],
+    );
+
+    capi_pool(env, "good", capi_spec(&["10.3.0.0/24"], 24)).await;
+    let mut claim = claim_object(env, "wants-far", CAPI_GROUP, "InClusterIPPool", "good");
+    claim
+        .annotations_mut()
+        .insert("ipAddress".into(), "10.9.9.9".into());
+    assert_denied(
+        env.api::<IPAddressClaim>().create(&pp, &claim).await,
+        &["10.9.9.9 is not an address of the pool"],
+    );
+
+    let template: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3DataTemplate",
+        "metadata": {"name": "t", "namespace": env.name(), "labels": {"cluster.x-k8s.io/watch-filter": env.name()}},
+        "spec": {"clusterName": "c", "networkData": {"networks": {"ipv4": [{"id": "n", "link": "eth0"}]}}}
+    }))
+    .expect("template");
+    let templates: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        env.name(),
+        &ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk(
+                "infrastructure.cluster.x-k8s.io",
+                "v1beta1",
+                "Metal3DataTemplate",
+            ),
+            "metal3datatemplates",
+        ),
+    );
+    assert_denied(
+        templates.create(&pp, &template).await,
+        &["spec.networkData.networks.ipv4[0].fromPoolRef.name: Required value"],
+    );
+}
+
+#[tokio::test]
+async fn pools_in_use_are_neither_deleted_nor_shrunk() {
+    let Some(harness) = serve("wh-inuse", &[]).await else {
+        return;
+    };
+    let env = &harness.env;
+    capi_pool(env, "p", capi_spec(&["10.7.0.0/24"], 24)).await;
+    claim(env, "a", "InClusterIPPool", "p").await;
+    claim(env, "b", "InClusterIPPool", "p").await;
+    for name in ["a", "b"] {
+        wait_claim(env, name, "Ready", |c| c.status == "True").await;
+    }
+    let pools: Api<InClusterIPPool> = env.api();
+    assert_denied(
+        pools.delete("p", &DeleteParams::default()).await,
+        &[
+            "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed.",
+            "2 address(es) held by claim(s): a, b",
+        ],
+    );
+    let (ok, output) = kubectl(&["delete", "inclusterippool", "p", "-n", env.name()], "");
+    assert!(!ok && output.contains("Cannot delete Pool"), "{output}");
+
+    let merge = |spec: serde_json::Value| Patch::Merge(json!({ "spec": spec }));
+    let pp = PatchParams::default();
+    assert_denied(
+        pools
+            .patch(
+                "p",
+                &pp,
+                &merge(json!({"addresses": ["10.7.0.100-10.7.0.200"]})),
+            )
+            .await,
+        &[
+            "pool addresses do not contain allocated addresses: 10.7.0.1 (claim a), 10.7.0.2 (claim b)",
+            "ipam.bitpool.dev/allow-shrink",
+        ],
+    );
+    assert_denied(
+        pools
+            .patch("p", &pp, &merge(json!({"gateway": "10.7.0.2"})))
+            .await,
+        &["10.7.0.2 (claim b)"],
+    );
+    pools
+        .patch(
+            "p",
+            &pp,
+            &merge(json!({"excludedAddresses": ["10.7.0.200-10.7.0.254"]})),
+        )
+        .await
+        .expect("shrinking around free addresses is fine");
+
+    // The Metal3 dialect, and its immutable fields.
+    let mut spec = metal3_spec("10.8.0.1", "10.8.0.9", 24);
+    spec.pools.push(Metal3PoolRange {
+        subnet: Some("10.8.1.0/24".into()),
+        ..Default::default()
+    });
+    metal3_pool(env, "m3", spec).await;
+    ipclaim(env, "m", "m3").await;
+    let ipclaims: Api<IPClaim> = env.api();
+    eventually("IPClaim m has an address", WAIT, || {
+        let api = ipclaims.clone();
+        async move { api.get("m").await.ok()?.status?.address.map(|_| ()) }
+    })
+    .await;
+    let ippools: Api<IPPool> = env.api();
+    assert_denied(
+        ippools.delete("m3", &DeleteParams::default()).await,
+        &["1 address(es) held by claim(s): m"],
+    );
+    assert_denied(
+        ippools
+            .patch("m3", &pp, &merge(json!({"namePrefix": "other"})))
+            .await,
+        &["spec.namePrefix: cannot be modified"],
+    );
+    assert_denied(
+        ippools
+            .patch(
+                "m3",
+                &pp,
+                &merge(json!({"pools": [{"subnet": "10.8.1.0/24"}]})),
+            )
+            .await,
+        &["10.8.0.1", "(claim m)"],
+    );
+
+    // clusterctl move's annotation lets the delete through; the finalizer still guards.
+    pools.patch("p", &pp, &Patch::Merge(json!({"metadata": {"annotations": {"ipam.cluster.x-k8s.io/skip-validate-delete-webhook": ""}}}))).await.expect("annotate");
+    pools
+        .delete("p", &DeleteParams::default())
+        .await
+        .expect("delete with the skip annotation");
+}
+
+#[tokio::test]
+async fn v1alpha1_and_v1alpha2_read_each_others_writes() {
+    let Some(harness) = serve("wh-convert", &[]).await else {
+        return;
+    };
+    let env = &harness.env;
+    let old_form: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), env.name(), &v1alpha1("InClusterIPPool"));
+    let written = json!({"subnet": "10.5.0.0/24", "start": "10.5.0.10", "end": "10.5.0.20", "gateway": "10.5.0.1"});
+    old_form
+        .create(
+            &PostParams::default(),
+            &v1alpha1_pool(env, "old", written.clone()),
+        )
+        .await
+        .expect("create at v1alpha1");
+
+    let pools: Api<InClusterIPPool> = env.api();
+    let current = pools.get("old").await.expect("read at v1alpha2");
+    assert_eq!(
+        current.spec.addresses,
+        vec!["10.5.0.10-10.5.0.20".to_string()]
+    );
+    assert_eq!(
+        (current.spec.prefix, current.spec.gateway.as_deref()),
+        (24, Some("10.5.0.1"))
+    );
+    claim(env, "c", "InClusterIPPool", "old").await;
+    wait_claim(env, "c", "Ready", |c| c.status == "True").await;
+    assert_eq!(
+        env.api::<IPAddress>()
+            .get("c")
+            .await
+            .expect("address")
+            .spec
+            .address,
+        "10.5.0.10"
+    );
+
+    // A field only v1alpha2 has survives a v1alpha1 client's read-modify-write.
+    let pp = PatchParams::default();
+    pools
+        .patch(
+            "old",
+            &pp,
+            &Patch::Merge(json!({"spec": {"excludedAddresses": ["10.5.0.11"]}})),
+        )
+        .await
+        .expect("patch at v1alpha2");
+    let mut seen = old_form.get("old").await.expect("read at v1alpha1");
+    assert_eq!(seen.data["spec"], written, "the v1alpha1 form is kept");
+    seen.labels_mut().insert("touched".into(), "yes".into());
+    old_form
+        .replace("old", &PostParams::default(), &seen)
+        .await
+        .expect("replace at v1alpha1");
+    let current = pools.get("old").await.expect("read at v1alpha2");
+    assert_eq!(
+        current.spec.excluded_addresses,
+        vec!["10.5.0.11".to_string()],
+        "not lost by the v1alpha1 write"
+    );
+    assert_eq!(
+        current.labels().get("touched").map(String::as_str),
+        Some("yes")
+    );
+
+    // A v1alpha1 change reaches v1alpha2, the v1alpha2-only field still there.
+    old_form
+        .patch(
+            "old",
+            &pp,
+            &Patch::Merge(json!({"spec": {"end": "10.5.0.30"}})),
+        )
+        .await
+        .expect("patch at v1alpha1");
+    let current = pools.get("old").await.expect("read at v1alpha2");
+    assert_eq!(
+        current.spec.addresses,
+        vec!["10.5.0.10-10.5.0.30".to_string()]
+    );
+    assert_eq!(
+        current.spec.excluded_addresses,
+        vec!["10.5.0.11".to_string()]
+    );
+    let (ok, output) = kubectl(
+        &[
+            "get",
+            "inclusterippools.v1alpha1.ipam.cluster.x-k8s.io",
+            "old",
+            "-n",
+            env.name(),
+            "-o",
+            "jsonpath={.spec.subnet} {.spec.end}",
+        ],
+        "",
+    );
+    // (kubectl also prints the API server's deprecation warning for v1alpha1.)
+    assert!(
+        ok && output.starts_with("10.5.0.0/24 10.5.0.30"),
+        "{output}"
+    );
+    assert!(
+        output.contains("v1alpha1 InClusterIPPool is deprecated"),
+        "{output}"
+    );
+}
+
+fn with_storage(mut crd: CustomResourceDefinition, storage: &str) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        version.storage = version.name == storage;
+    }
+    crd
+}
+
+async fn stored_versions(crds: &Api<CustomResourceDefinition>) -> Vec<String> {
+    crds.get("inclusterippools.ipam.cluster.x-k8s.io")
+        .await
+        .expect("CRD")
+        .status
+        .and_then(|s| s.stored_versions)
+        .unwrap_or_default()
+}
+
+/// An installation that ran the in-cluster provider before v0.1.0-alpha.3 stored its pools at
+/// v1alpha1; bitpool's CRD applies over it, serves those pools, and the README's storage
+/// migration leaves v1alpha2 alone in `storedVersions`.
+#[tokio::test]
+async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
+    let Some(harness) = serve("wh-upgrade", &[]).await else {
+        return;
+    };
+    let env = &harness.env;
+    let config = harness.served.client_config(bitpool::webhook::CONVERT_PATH);
+    let mut crds_now = bitpool::crds::served();
+    bitpool::crds::set_conversion(&mut crds_now, &config);
+    let pool_crd = crds_now
+        .into_iter()
+        .find(|c| c.spec.names.kind == "InClusterIPPool")
+        .expect("pool CRD");
+
+    // The old installation: v1alpha1 is the storage version.
+    support::install_crds(&env.client, &[with_storage(pool_crd.clone(), "v1alpha1")]).await;
+    let old_form: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), env.name(), &v1alpha1("InClusterIPPool"));
+    old_form
+        .create(
+            &PostParams::default(),
+            &v1alpha1_pool(env, "legacy", json!({"subnet": "10.6.0.0/28"})),
+        )
+        .await
+        .expect("create at v1alpha1");
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    assert!(
+        stored_versions(&crds)
+            .await
+            .contains(&"v1alpha1".to_string())
+    );
+
+    // bitpool's CRD over it.
+    support::install_crds(&env.client, &[pool_crd]).await;
+    let pools: Api<InClusterIPPool> = env.api();
+    assert_eq!(
+        pools
+            .get("legacy")
+            .await
+            .expect("read at v1alpha2")
+            .spec
+            .addresses,
+        vec!["10.6.0.1-10.6.0.14".to_string()]
+    );
+    claim(env, "c", "InClusterIPPool", "legacy").await;
+    wait_claim(env, "c", "Ready", |c| c.status == "True").await;
+
+    // The storage migration of the README: rewrite every pool, then drop v1alpha1.
+    let all: Api<InClusterIPPool> = Api::all(env.client.clone());
+    for pool in all
+        .list(&ListParams::default())
+        .await
+        .expect("list pools")
+        .items
+    {
+        let api: Api<InClusterIPPool> =
+            Api::namespaced(env.client.clone(), &pool.namespace().unwrap_or_default());
+        api.replace(&pool.name_any(), &PostParams::default(), &pool)
+            .await
+            .expect("rewrite at v1alpha2");
+    }
+    crds.patch_status(
+        "inclusterippools.ipam.cluster.x-k8s.io",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"storedVersions": ["v1alpha2"]}})),
+    )
+    .await
+    .expect("drop v1alpha1 from storedVersions");
+    assert_eq!(stored_versions(&crds).await, vec!["v1alpha2".to_string()]);
+    assert_eq!(
+        old_form
+            .get("legacy")
+            .await
+            .expect("still readable at v1alpha1")
+            .data["spec"],
+        json!({"subnet": "10.6.0.0/28"})
+    );
+    assert_eq!(
+        pools
+            .get("legacy")
+            .await
+            .expect("read at v1alpha2")
+            .spec
+            .prefix,
+        28
+    );
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_without_restart() {
+    let Some(mut harness) = serve("wh-rotate", &["--tls-min-version=VersionTLS13"]).await else {
+        return;
+    };
+    harness.served.certs.ca_pem = harness.served.certs.rotate();
+    // The API server trusts only the new CA from now on: a denial (not a TLS failure) proves
+    // bitpool serves the new certificate.
+    harness.registered = Registered::new(&harness.env, &harness.served).await;
+    harness.registered.wait_active(&harness.env).await;
+    assert!(harness.served.bitpool.is_running(), "no restart");
+}
