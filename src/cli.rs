@@ -190,6 +190,8 @@ pub enum Error {
     Apply { name: String, source: kube::Error },
     #[error(transparent)]
     Webhook(#[from] crate::webhook::ServeError),
+    #[error(transparent)]
+    Contract(#[from] crds::ContractError),
     #[error("{0} allocation(s) would change; nothing was written")]
     WouldChange(usize),
 }
@@ -408,6 +410,14 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     required.extend(crds::standalone());
     let wait = Duration::from_secs(args.crd_wait_seconds);
     crds::wait_established(&client, &required, wait).await?;
+    let contract = crds::served_contract_version(&client).await?;
+    if crate::api::capi::select_contract_version(contract).is_err() {
+        tracing::warn!("the Cluster API version was already chosen");
+    }
+    tracing::info!(
+        version = contract.as_str(),
+        "Cluster API version of IPAddressClaim, IPAddress, Cluster and Machine"
+    );
     let settings = controllers::Settings {
         namespace: args.namespace,
         watch_filter: args.watch_filter,

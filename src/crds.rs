@@ -109,7 +109,10 @@ pub fn served() -> Vec<CustomResourceDefinition> {
 
 /// IPAddressClaim and IPAddress, for running bitpool without CAPI core (which owns them otherwise).
 pub fn standalone() -> Vec<CustomResourceDefinition> {
-    finish(vec![capi::IPAddressClaim::crd(), capi::IPAddress::crd()])
+    finish(vec![
+        capi::schema::IPAddressClaim::crd(),
+        capi::schema::IPAddress::crd(),
+    ])
 }
 
 /// What the derive leaves out but upstream CRDs spell out: `listKind`.
@@ -185,6 +188,42 @@ pub fn write_dir(dir: &Path) -> Result<Vec<String>, Error> {
         written.push(relative);
     }
     Ok(written)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContractError {
+    #[error(
+        "IPAddressClaim is served at neither v1beta2 nor v1beta1 by this API server; install Cluster API 1.9 or later, or `bitpool crds --apply --standalone`"
+    )]
+    NotServed,
+    #[error("cannot read which versions of {group} the API server serves: {source}")]
+    Discovery { group: String, source: kube::Error },
+}
+
+/// The Cluster API version the installed CRDs serve IPAddressClaim at, newest first.
+pub async fn served_contract_version(
+    client: &Client,
+) -> Result<capi::ContractVersion, ContractError> {
+    for version in [
+        capi::ContractVersion::V1Beta2,
+        capi::ContractVersion::V1Beta1,
+    ] {
+        let group_version = format!("{}/{}", capi::GROUP, version.as_str());
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == "ipaddressclaims") => {
+                return Ok(version);
+            }
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                return Err(ContractError::Discovery {
+                    group: group_version,
+                    source,
+                });
+            }
+        }
+    }
+    Err(ContractError::NotServed)
 }
 
 /// The field manager bitpool's server-side applies use.

@@ -65,7 +65,7 @@ pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<
     );
     if changed {
         let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let patch = serde_json::json!({ "status": { "conditions": status.conditions } });
+        let patch = capi::claim_status_patch(None, &status.conditions);
         objects::merge_status(&claims, &claim.name_any(), patch).await?;
     }
     Ok(Action::await_change())

@@ -254,7 +254,7 @@ fn capi_status_patch(claim: &IPAddressClaim, outcome: &Outcome) -> Option<serde_
         claim.status.as_ref().and_then(|s| s.address_ref.as_ref()) != status.address_ref.as_ref();
     let condition_changed = objects::set_condition(&mut status.conditions, condition);
     (ref_changed || condition_changed)
-        .then(|| json!({ "status": { "addressRef": status.address_ref, "conditions": status.conditions } }))
+        .then(|| capi::claim_status_patch(status.address_ref.as_ref(), &status.conditions))
 }
 
 /// Upstream's `errorMessage` strings, which existing tooling matches on.

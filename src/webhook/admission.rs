@@ -491,3 +491,73 @@ where
             source,
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(
+        object: serde_json::Value,
+        kind: (&str, &str, &str),
+    ) -> AdmissionRequest<DynamicObject> {
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": kind.0, "version": kind.1, "kind": kind.2},
+                "resource": {"group": kind.0, "version": kind.1, "resource": "x"},
+                "name": "p", "namespace": "ns", "operation": "CREATE",
+                "userInfo": {}, "object": object
+            }
+        });
+        let review: AdmissionReview<DynamicObject> =
+            serde_json::from_value(review).expect("review");
+        review.try_into().expect("request")
+    }
+
+    fn patch_of(response: &AdmissionResponse) -> Option<serde_json::Value> {
+        response
+            .patch
+            .as_ref()
+            .map(|p| serde_json::from_slice(p).expect("json patch"))
+    }
+
+    #[test]
+    fn metal3_pools_get_the_sequential_strategy_when_none_is_set() {
+        let pool = |spec: serde_json::Value| serde_json::json!({"apiVersion": "ipam.metal3.io/v1alpha1", "kind": "IPPool", "metadata": {"name": "p"}, "spec": spec});
+        let unset = request(
+            pool(serde_json::json!({"namePrefix": "p"})),
+            (metal3_ipam::GROUP, "v1alpha1", "IPPool"),
+        );
+        let patched = mutate(&unset, AdmissionResponse::from(&unset));
+        assert_eq!(
+            patch_of(&patched),
+            Some(
+                serde_json::json!([{"op": "add", "path": "/spec/allocationStrategy", "value": "sequential"}])
+            )
+        );
+        let set = request(
+            pool(serde_json::json!({"namePrefix": "p", "allocationStrategy": "random"})),
+            (metal3_ipam::GROUP, "v1alpha1", "IPPool"),
+        );
+        assert_eq!(patch_of(&mutate(&set, AdmissionResponse::from(&set))), None);
+        let other = request(
+            pool(serde_json::json!({})),
+            (capi::GROUP, "v1alpha2", "InClusterIPPool"),
+        );
+        assert_eq!(
+            patch_of(&mutate(&other, AdmissionResponse::from(&other))),
+            None
+        );
+    }
+
+    #[test]
+    fn a_v1alpha1_pool_is_judged_after_conversion() {
+        let object = serde_json::json!({"apiVersion": conversion::V1ALPHA1, "kind": "InClusterIPPool", "metadata": {"name": "p"}, "spec": {"subnet": "10.0.0.0/30"}});
+        let request = request(object, (capi::GROUP, "v1alpha1", "InClusterIPPool"));
+        let pool = decode::<InClusterIPPool>("InClusterIPPool", request.object.as_ref())
+            .expect("decodes")
+            .expect("present");
+        assert_eq!(pool.spec.addresses, vec!["10.0.0.1-10.0.0.2".to_string()]);
+        assert_eq!(pool.spec.prefix, 30);
+    }
+}

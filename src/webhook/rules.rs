@@ -618,6 +618,36 @@ mod tests {
     }
 
     #[test]
+    fn templates_name_a_pool_for_every_static_network_and_stay_fixed() {
+        let template = |ipv4: serde_json::Value| -> Metal3DataTemplateSpec {
+            serde_json::from_value(serde_json::json!({"clusterName": "c", "networkData": {"networks": {"ipv4": ipv4}}})).expect("template")
+        };
+        let without = template(serde_json::json!([{"id": "n", "link": "eth0"}]));
+        assert_eq!(
+            data_template(None, &without),
+            vec!["spec.networkData.networks.ipv4[0].fromPoolRef.name: Required value: fromPoolRef needs to contain a reference to an IPPool".to_string()]
+        );
+        for source in [
+            serde_json::json!({"fromPoolRef": {"kind": "IPPool", "name": "p"}}),
+            serde_json::json!({"ipAddressFromIPPool": "p"}),
+            serde_json::json!({"fromPoolAnnotation": {"object": "machine", "annotation": "a"}}),
+        ] {
+            let mut network = serde_json::json!({"id": "n", "link": "eth0"});
+            for (k, v) in source.as_object().into_iter().flatten() {
+                network[k] = v.clone();
+            }
+            let spec = template(serde_json::json!([network]));
+            assert!(data_template(None, &spec).is_empty(), "{source}");
+            assert_eq!(data_template(Some(&spec), &spec), Vec::<String>::new());
+            assert_eq!(
+                data_template(Some(&spec), &without).len(),
+                2,
+                "still needs a pool, and networkData is fixed"
+            );
+        }
+    }
+
+    #[test]
     fn ipclaims_and_metal3_addresses_are_fixed_after_creation() {
         let r = |name: &str, ns: Option<&str>| Reference {
             name: name.into(),
