@@ -110,9 +110,39 @@ pub fn served() -> Vec<CustomResourceDefinition> {
 /// IPAddressClaim and IPAddress, for running bitpool without CAPI core (which owns them otherwise).
 pub fn standalone() -> Vec<CustomResourceDefinition> {
     finish(vec![
-        capi::schema::IPAddressClaim::crd(),
-        capi::schema::IPAddress::crd(),
+        with_older_capi_versions(
+            capi::schema::IPAddressClaim::crd(),
+            capi::schema::older::IPAddressClaim::crd(),
+        ),
+        with_older_capi_versions(
+            capi::schema::IPAddress::crd(),
+            capi::schema::older::IPAddress::crd(),
+        ),
     ])
+}
+
+/// The versions Cluster API stored IPAddressClaim and IPAddress at before v1beta2, with their
+/// schema (`older`) and the current printer columns: the API server refuses a CRD that drops a
+/// version installations stored. The versions convert by apiVersion alone (no webhook).
+fn with_older_capi_versions(
+    mut crd: CustomResourceDefinition,
+    older: CustomResourceDefinition,
+) -> CustomResourceDefinition {
+    let (Some(current), Some(older)) = (
+        crd.spec.versions.first().cloned(),
+        older.spec.versions.first().cloned(),
+    ) else {
+        return crd;
+    };
+    for (name, deprecated) in [("v1beta1", true), ("v1alpha1", false)] {
+        let mut version = current.clone();
+        version.name = name.into();
+        version.storage = false;
+        version.deprecated = deprecated.then_some(true);
+        version.schema = older.schema.clone();
+        crd.spec.versions.push(version);
+    }
+    crd
 }
 
 /// What the derive leaves out but upstream CRDs spell out: `listKind`.

@@ -556,3 +556,54 @@ async fn a_rotated_certificate_is_served_without_restart() {
     harness.registered.wait_active(&harness.env).await;
     assert!(harness.served.bitpool.is_running(), "no restart");
 }
+
+/// With no bitpool answering, writes that could strand allocated addresses are refused
+/// (failurePolicy Fail) and Cluster API's claims still go through (Ignore).
+#[tokio::test]
+async fn failure_policies_hold_while_bitpool_is_down() {
+    let Some(mut harness) = serve("wh-down", &[]).await else {
+        return;
+    };
+    let env = &harness.env;
+    capi_pool(env, "p", capi_spec(&["10.9.0.0/24"], 24)).await;
+    claim(env, "a", "InClusterIPPool", "p").await;
+    wait_claim(env, "a", "Ready", |c| c.status == "True").await;
+    harness.served.bitpool.kill();
+
+    let pools: Api<InClusterIPPool> = env.api();
+    let refused = pools.delete("p", &DeleteParams::default()).await;
+    match refused {
+        Err(kube::Error::Api(e)) => assert!(
+            e.message.contains("failed calling webhook"),
+            "{}",
+            e.message
+        ),
+        other => panic!("the delete must fail closed, got {other:?}"),
+    }
+    let grown = pools
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"addresses": ["10.9.0.0/23"]}})),
+        )
+        .await;
+    assert!(grown.is_err(), "pool updates wait for bitpool");
+    claim(env, "b", "InClusterIPPool", "p").await;
+    assert!(
+        env.api::<IPAddressClaim>().get("b").await.is_ok(),
+        "claims are admitted without bitpool"
+    );
+    assert!(
+        pools.get("p").await.is_ok(),
+        "the pool and its addresses are untouched"
+    );
+    assert_eq!(
+        env.api::<IPAddress>()
+            .get("a")
+            .await
+            .expect("address a")
+            .spec
+            .address,
+        "10.9.0.1"
+    );
+}

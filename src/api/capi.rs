@@ -295,6 +295,87 @@ pub mod schema {
         #[serde(flatten)]
         pub spec: super::IPAddressSpec,
     }
+
+    /// The schemas of v1beta1 and v1alpha1 (Cluster API before 1.11): references with optional
+    /// fields, v1beta1 conditions, the metav1 ones under `status.v1beta2`. The CRDs serve them
+    /// so that installations that stored them can take bitpool's CRDs.
+    pub mod older {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        use kube::CustomResource;
+        use schemars::JsonSchema;
+        use serde::{Deserialize, Serialize};
+
+        use super::super::V1Beta1Condition;
+
+        #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+        #[serde(rename_all = "camelCase")]
+        pub struct TypedLocalReference {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub api_group: Option<String>,
+            pub kind: String,
+            pub name: String,
+        }
+
+        #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+        pub struct LocalReference {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub name: Option<String>,
+        }
+
+        #[derive(
+            CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
+        )]
+        #[kube(
+            group = "ipam.cluster.x-k8s.io",
+            version = "v1beta1",
+            kind = "IPAddressClaim",
+            namespaced,
+            status = "ClaimStatus"
+        )]
+        #[serde(rename_all = "camelCase")]
+        pub struct ClaimSpec {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub cluster_name: Option<String>,
+            pub pool_ref: TypedLocalReference,
+        }
+
+        #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+        #[serde(rename_all = "camelCase")]
+        pub struct ClaimStatus {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub address_ref: Option<LocalReference>,
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            pub conditions: Vec<V1Beta1Condition>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub v1beta2: Option<ClaimV1Beta2Status>,
+        }
+
+        #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+        pub struct ClaimV1Beta2Status {
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[schemars(schema_with = "crate::api::schema::conditions")]
+            pub conditions: Vec<Condition>,
+        }
+
+        #[derive(
+            CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
+        )]
+        #[kube(
+            group = "ipam.cluster.x-k8s.io",
+            version = "v1beta1",
+            kind = "IPAddress",
+            namespaced
+        )]
+        #[serde(rename_all = "camelCase")]
+        pub struct AddressSpec {
+            pub claim_ref: LocalReference,
+            pub pool_ref: TypedLocalReference,
+            pub address: String,
+            pub prefix: i32,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub gateway: Option<String>,
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for IPPoolReference {

@@ -102,12 +102,14 @@ fn decode<K: DeserializeOwned>(
         .map_err(|e| decode_error(e.to_string()))
 }
 
+/// Whether the object carries `annotation` (any value, as upstream reads its skip annotation).
 fn annotated(object: Option<&DynamicObject>, annotation: &str) -> bool {
-    object.is_some_and(|o| {
-        o.annotations()
-            .get(annotation)
-            .is_some_and(|v| v != "false")
-    })
+    object.is_some_and(|o| o.annotations().contains_key(annotation))
+}
+
+/// Whether the object carries `annotation: "true"`.
+fn annotated_true(object: Option<&DynamicObject>, annotation: &str) -> bool {
+    object.is_some_and(|o| o.annotations().get(annotation).is_some_and(|v| v == "true"))
 }
 
 /// The Metal3 IPPool defaulting upstream does: `allocationStrategy: sequential`.
@@ -171,7 +173,7 @@ impl Webhooks {
             }
         };
         if request.operation == Operation::Update
-            && !annotated(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION)
+            && !annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION)
         {
             let old = spec_of(request.old_object.as_ref())?.and_then(|s| rules::capi_pool(&s).ok());
             let held = self.held(kind, namespace.as_deref(), &request.name).await?;
@@ -203,7 +205,7 @@ impl Webhooks {
             problems.extend(rules::metal3_pool_update(&old.spec, &new.spec));
             let indexes = old.status.map(|s| s.indexes).unwrap_or_default();
             problems.extend(rules::metal3_indexes_in_bounds(&indexes, &layout));
-            if !annotated(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION) {
+            if !annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION) {
                 let old_layout = rules::metal3_pool(&old.spec).ok();
                 let held = self
                     .held("IPPool", namespace.as_deref(), &request.name)
