@@ -11,6 +11,13 @@ if command -v rustup >/dev/null 2>&1; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
 
+# The webhook tests check denials as users see them, through kubectl.
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "test: installing kubectl (Debian package kubernetes-client)" >&2
+  if [ "$(id -u)" = 0 ]; then sudo() { "$@"; }; fi
+  sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
+fi
+
 stop_plane=""
 if [ -z "${KUBECONFIG:-}" ]; then
   if ! hack/control-plane.sh status >/dev/null 2>&1; then

@@ -50,7 +50,9 @@ fn kubectl(args: &[&str], stdin: &str) -> (bool, String) {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("run kubectl");
+        .unwrap_or_else(|e| {
+            panic!("kubectl must be on PATH (denials are checked as users see them): {e}")
+        });
     if let Some(mut input) = child.stdin.take() {
         input.write_all(stdin.as_bytes()).expect("write to kubectl");
     }
@@ -154,6 +156,41 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
             )
             .await,
         &["spec.subnet: \"banana\" is not a valid CIDR"],
+    );
+
+    // A pool stored before the rules (outside the webhooks' selector here) can still be updated
+    // as long as its spec stays, so that finalizers and labels never get stuck; a spec change is
+    // judged.
+    let mut unlabelled = env.meta("stored-before");
+    unlabelled.labels = None;
+    let stored = InClusterIPPool {
+        metadata: unlabelled,
+        spec: capi_spec(&["not-an-ip"], 24),
+        status: None,
+    };
+    pools
+        .create(&pp, &stored)
+        .await
+        .expect("not selected by the webhooks");
+    let label =
+        json!({"metadata": {"labels": {bitpool::controllers::WATCH_FILTER_LABEL: env.name()}}});
+    pools
+        .patch(
+            "stored-before",
+            &PatchParams::default(),
+            &Patch::Merge(label),
+        )
+        .await
+        .expect("a metadata update is not refused");
+    assert_denied(
+        pools
+            .patch(
+                "stored-before",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"prefix": 25}})),
+            )
+            .await,
+        &["provided address is not a valid IP"],
     );
 
     // The same refusal reaches kubectl.

@@ -102,6 +102,16 @@ fn decode<K: DeserializeOwned>(
         .map_err(|e| decode_error(e.to_string()))
 }
 
+/// An update that leaves the spec as it was (finalizers, labels, annotations): never refused, so
+/// that an object stored before these rules, or whose pool changed since, can still be released
+/// and deleted.
+fn spec_unchanged(request: &AdmissionRequest<DynamicObject>) -> bool {
+    match (&request.operation, &request.object, &request.old_object) {
+        (Operation::Update, Some(new), Some(old)) => new.data.get("spec") == old.data.get("spec"),
+        _ => false,
+    }
+}
+
 /// Whether the object carries `annotation` (any value, as upstream reads its skip annotation).
 fn annotated(object: Option<&DynamicObject>, annotation: &str) -> bool {
     object.is_some_and(|o| o.annotations().contains_key(annotation))
@@ -154,6 +164,9 @@ impl Webhooks {
         if request.operation == Operation::Delete {
             return self.pool_delete(request, kind, namespace).await;
         }
+        if spec_unchanged(request) {
+            return Ok(Vec::new());
+        }
         let mut problems = Vec::new();
         if request.kind.version == "v1alpha1"
             && let Some(object) = &request.object
@@ -192,6 +205,9 @@ impl Webhooks {
         let namespace = request.namespace.clone();
         if request.operation == Operation::Delete {
             return self.pool_delete(request, "IPPool", namespace).await;
+        }
+        if spec_unchanged(request) {
+            return Ok(Vec::new());
         }
         let Some(new) = decode::<IPPool>("IPPool", request.object.as_ref())? else {
             return Ok(Vec::new());
@@ -364,6 +380,14 @@ impl Webhooks {
             .annotations()
             .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
             .cloned();
+        let unchanged = old.as_ref().is_some_and(|o| {
+            o.annotations()
+                .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
+                == requested.as_ref()
+        });
+        if unchanged {
+            return Ok(problems);
+        }
         problems.extend(rules::requested_address(
             requested.as_deref(),
             pool.as_ref(),

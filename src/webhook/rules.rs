@@ -257,6 +257,10 @@ pub fn ipclaim(old: Option<&Reference>, new: &Reference) -> Vec<String> {
 
 /// Metal3 IPAddress: pool, claim and a valid address; none of them changes.
 pub fn metal3_address(old: Option<&Metal3IPAddressSpec>, new: &Metal3IPAddressSpec) -> Vec<String> {
+    // On create, as upstream; an update only may not change them.
+    if let Some(old) = old {
+        return immutable_address_fields(old, new);
+    }
     let mut problems = Vec::new();
     let name = |r: &k8s_openapi::api::core::v1::ObjectReference| r.name.clone().unwrap_or_default();
     if name(&new.pool).is_empty() {
@@ -273,20 +277,23 @@ pub fn metal3_address(old: Option<&Metal3IPAddressSpec>, new: &Metal3IPAddressSp
             new.address
         ));
     }
-    if let Some(old) = old {
-        if old.address != new.address {
-            problems.push("spec.address: cannot be modified".to_string());
-        }
-        let same = |a: &k8s_openapi::api::core::v1::ObjectReference,
-                    b: &k8s_openapi::api::core::v1::ObjectReference| {
-            a.name == b.name && a.namespace == b.namespace && a.kind == b.kind
-        };
-        if !same(&old.pool, &new.pool) {
-            problems.push("spec.pool: cannot be modified".to_string());
-        }
-        if !same(&old.claim, &new.claim) {
-            problems.push("spec.claim: cannot be modified".to_string());
-        }
+    problems
+}
+
+fn immutable_address_fields(old: &Metal3IPAddressSpec, new: &Metal3IPAddressSpec) -> Vec<String> {
+    let mut problems = Vec::new();
+    if old.address != new.address {
+        problems.push("spec.address: cannot be modified".to_string());
+    }
+    let same = |a: &k8s_openapi::api::core::v1::ObjectReference,
+                b: &k8s_openapi::api::core::v1::ObjectReference| {
+        a.name == b.name && a.namespace == b.namespace && a.kind == b.kind
+    };
+    if !same(&old.pool, &new.pool) {
+        problems.push("spec.pool: cannot be modified".to_string());
+    }
+    if !same(&old.claim, &new.claim) {
+        problems.push("spec.claim: cannot be modified".to_string());
     }
     problems
 }
@@ -298,7 +305,11 @@ pub fn data_template(
     new: &Metal3DataTemplateSpec,
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    if let Some(networks) = new.network_data.as_ref().and_then(|n| n.networks.as_ref()) {
+    // On create only, as CAPM3: a template stored before the rule can still lose its finalizer.
+    if let (None, Some(networks)) = (
+        old,
+        new.network_data.as_ref().and_then(|n| n.networks.as_ref()),
+    ) {
         problems.extend(static_network_sources(networks));
     }
     if let Some(old) = old {
@@ -640,9 +651,12 @@ mod tests {
             assert!(data_template(None, &spec).is_empty(), "{source}");
             assert_eq!(data_template(Some(&spec), &spec), Vec::<String>::new());
             assert_eq!(
-                data_template(Some(&spec), &without).len(),
-                2,
-                "still needs a pool, and networkData is fixed"
+                data_template(Some(&spec), &without),
+                vec!["spec.networkData: cannot be modified".to_string()]
+            );
+            assert!(
+                data_template(Some(&without), &without).is_empty(),
+                "a template stored before the rule still updates"
             );
         }
     }
@@ -679,6 +693,10 @@ mod tests {
         assert!(
             metal3_address(Some(&spec("10.0.0.1")), &spec("10.0.0.2"))[0]
                 .contains("spec.address: cannot be modified")
+        );
+        assert!(
+            metal3_address(Some(&spec("x")), &spec("x")).is_empty(),
+            "stored before the rule, still updates"
         );
     }
 }
