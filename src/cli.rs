@@ -536,6 +536,37 @@ mod tests {
     }
 
     #[test]
+    fn webhook_flags_take_capi_manager_spellings() {
+        let defaults = run_args(&[]).webhook;
+        assert_eq!(defaults.webhook_port, 9443);
+        assert_eq!(
+            defaults.webhook_cert_dir,
+            PathBuf::from("/tmp/k8s-webhook-server/serving-certs")
+        );
+        assert_eq!(
+            defaults.tls_min_version,
+            crate::webhook::tls::MinVersion::Tls12
+        );
+        assert!(defaults.tls_cipher_suites.is_empty() && !defaults.refuse_overlapping_pools);
+        let set = run_args(&[
+            "--webhook-port=0",
+            "--tls-min-version=VersionTLS13",
+            "--tls-cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+            "--refuse-overlapping-pools",
+        ])
+        .webhook;
+        assert_eq!(set.webhook_port, 0);
+        assert_eq!(set.tls_min_version, crate::webhook::tls::MinVersion::Tls13);
+        assert_eq!(set.tls_cipher_suites.len(), 2);
+        assert!(set.refuse_overlapping_pools);
+        let refused = Cli::try_parse_from(["bitpool", "run", "--tls-min-version=VersionTLS11"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("VersionTLS11"), "{refused}");
+    }
+
+    #[test]
     fn bmh_name_based_preallocation_takes_capm3s_flag_spellings() {
         assert!(!preallocation(&[]));
         assert!(preallocation(&["--enable-bmh-name-based-preallocation"]));

@@ -644,3 +644,28 @@ async fn failure_policies_hold_while_bitpool_is_down() {
         "10.9.0.1"
     );
 }
+
+/// Without its certificate `run` stops at once and names the file (no listener without TLS).
+#[tokio::test]
+async fn a_missing_certificate_is_named_at_start() {
+    if support::upstream_crds_dir().is_none() {
+        return;
+    }
+    let dir = support::root().join("target/test-certs/none");
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
+        .args(["run", "--webhook-host=127.0.0.1"])
+        .arg(format!("--webhook-port={}", webhook::free_port()))
+        .arg(format!("--webhook-cert-dir={}", dir.display()))
+        .env("KUBECONFIG", kubeconfig_path())
+        .output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(60), output)
+        .await
+        .expect("bitpool exits at once")
+        .expect("run bitpool");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("{}/tls.crt", dir.display())),
+        "{stderr}"
+    );
+}
