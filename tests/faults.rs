@@ -297,10 +297,7 @@ async fn a_backlog_and_a_mass_deletion_are_served() {
     .await;
 
     let claims: Api<IPAddressClaim> = env.api();
-    claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .expect("delete every claim");
+    delete_all_claims(&claims).await;
     let addresses: Api<IPAddress> = env.api();
     eventually("every claim released", Duration::from_secs(900), || async {
         let left = claims
@@ -336,10 +333,7 @@ async fn a_pool_that_changes_family_never_duplicates() {
     burst(&env, "v4", "InClusterIPPool", "fam", 50).await;
     assert_consistent(&env, "InClusterIPPool", "fam", 50, WAIT).await;
     let claims: Api<IPAddressClaim> = env.api();
-    claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .expect("delete the IPv4 claims");
+    delete_all_claims(&claims).await;
     assert_consistent(&env, "InClusterIPPool", "fam", 0, WAIT).await;
     let pools: Api<InClusterIPPool> = env.api();
     pools
@@ -577,10 +571,7 @@ async fn pools_with_long_names_are_served_and_deleted() {
         wait_claim(&env, name, "served", |c| c.status == "True").await;
     }
     let claims: Api<IPAddressClaim> = env.api();
-    claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .expect("delete claims");
+    delete_all_claims(&claims).await;
     let capi: Api<InClusterIPPool> = env.api();
     let metal3: Api<IPPool> = env.api();
     let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
@@ -698,9 +689,7 @@ async fn global_preallocations_name_the_namespace() {
     let mut claims: Vec<Api<IPAddressClaim>> = vec![env.api()];
     claims.push(Api::namespaced(env.client.clone(), &other.name));
     for api in &claims {
-        api.delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .expect("delete claims");
+        delete_all_claims(api).await;
     }
     let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
     let _ = globals.delete(&global, &DeleteParams::default()).await;

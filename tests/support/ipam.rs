@@ -332,3 +332,23 @@ pub async fn changed_since(env: &Env, before: &BTreeMap<String, String>) -> Vec<
         .map(|(k, _)| k)
         .collect()
 }
+
+/// Deletes every claim of `api`'s namespace. A deletecollection of thousands of claims can
+/// outlast the API server's 60 s request timeout, which cuts the connection; like any client,
+/// the test then asks again for what is left (at most 5 times).
+pub async fn delete_all_claims(api: &Api<IPAddressClaim>) {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match api
+            .delete_collection(&kube::api::DeleteParams::default(), &ListParams::default())
+            .await
+        {
+            Ok(_) => return,
+            Err(e) if attempt < 5 && !matches!(&e, kube::Error::Api(s) if s.code < 500) => {
+                eprintln!("deletecollection of claims failed ({e}); asking again");
+            }
+            Err(e) => panic!("delete every claim: {e}"),
+        }
+    }
+}
