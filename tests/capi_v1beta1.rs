@@ -49,11 +49,11 @@ async fn remove_crd(client: &Client, crd: &CustomResourceDefinition) {
                         kind: current.spec.names.kind.clone(),
                         plural: current.spec.names.plural.clone(),
                     };
-                    let api: Api<DynamicObject> = Api::all_with(client_of(&crds), &resource);
+                    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
                     if let Ok(list) = api.list(&ListParams::default()).await {
                         for object in list.items.iter().filter(|o| !o.finalizers().is_empty()) {
                             let api: Api<DynamicObject> = Api::namespaced_with(
-                                client_of(&crds),
+                                client.clone(),
                                 &object.namespace().unwrap_or_default(),
                                 &resource,
                             );
@@ -69,10 +69,6 @@ async fn remove_crd(client: &Client, crd: &CustomResourceDefinition) {
         },
     )
     .await;
-}
-
-fn client_of(api: &Api<CustomResourceDefinition>) -> Client {
-    api.clone().into_client()
 }
 
 #[tokio::test]

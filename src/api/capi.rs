@@ -219,8 +219,8 @@ macro_rules! contract_kind {
                 object.serialize_field("kind", stringify!($kind))?;
                 object.serialize_field("metadata", &self.metadata)?;
                 object.serialize_field("spec", &self.spec)?;
-                $(let _: Option<&$status> = None;
-                if let Some(status) = &self.status {
+                $(if let Some(status) = &self.status {
+                    let status: &$status = status;
                     object.serialize_field("status", status)?;
                 })?
                 object.end()

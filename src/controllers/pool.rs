@@ -227,23 +227,22 @@ pub struct FreshAddresses {
     pub metal3: Vec<Arc<metal3_ipam::Metal3IPAddress>>,
 }
 
-async fn fresh_addresses(ctx: &Context, namespace: Option<&str>) -> Result<FreshAddresses, Error> {
+/// Every address object of `namespace` (all namespaces for `None`), read from the server. Metal3
+/// pools are namespaced: there are no Metal3 addresses of a cluster-scoped pool.
+pub async fn fresh_addresses(
+    client: &kube::Client,
+    namespace: Option<&str>,
+) -> Result<FreshAddresses, kube::Error> {
     let capi: Api<capi::IPAddress> = match namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
     };
-    let capi = capi
-        .list(&Default::default())
-        .await
-        .map_err(Error::Kube)?
-        .items;
-    // Metal3 pools are namespaced: there are no Metal3 addresses of a cluster-scoped pool.
+    let capi = capi.list(&Default::default()).await?.items;
     let metal3 = match namespace {
         Some(ns) => {
-            Api::<metal3_ipam::Metal3IPAddress>::namespaced(ctx.client.clone(), ns)
+            Api::<metal3_ipam::Metal3IPAddress>::namespaced(client.clone(), ns)
                 .list(&Default::default())
-                .await
-                .map_err(Error::Kube)?
+                .await?
                 .items
         }
         None => Vec::new(),
@@ -258,7 +257,9 @@ pub(super) async fn fresh_pool_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
 ) -> Result<Vec<AnyAddress>, Error> {
-    let fresh = fresh_addresses(ctx, pool.key().namespace.as_deref()).await?;
+    let fresh = fresh_addresses(&ctx.client, pool.key().namespace.as_deref())
+        .await
+        .map_err(Error::Kube)?;
     Ok(pool.addresses(ctx, Some(&fresh)))
 }
 

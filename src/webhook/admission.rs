@@ -11,13 +11,14 @@ use serde_json::Value;
 use super::rules::{self, Held, Reference};
 use super::{Phase, Webhooks, conversion};
 use crate::alloc::Layout;
-use crate::api::capi;
+use crate::api::capi::{self, IPPoolReference};
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, InClusterIPPool, InClusterIPPoolSpec, SKIP_DELETE_CHECK_ANNOTATION,
     v1alpha1,
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
+use crate::controllers::pool::{PoolKey, fresh_addresses};
 
 /// Why a request could not be judged (the API server applies the webhook's failure policy).
 #[derive(Debug, thiserror::Error)]
@@ -283,34 +284,29 @@ impl Webhooks {
         } else {
             capi::GROUP
         };
-        let capi_addresses: Vec<capi::IPAddress> =
-            list(&self.client, namespace, "IPAddresses").await?;
-        let mut held: Vec<Held> = capi_addresses
-            .into_iter()
-            .filter(|a| {
-                a.spec.pool_ref.name == name
-                    && a.spec.pool_ref.kind == kind
-                    && a.spec.pool_ref.api_group == group
-            })
+        let fresh = fresh_addresses(&self.client, namespace)
+            .await
+            .map_err(|source| AdmissionError::Read {
+                what: "address objects".into(),
+                source,
+            })?;
+        let capi = fresh.capi.iter().filter(|a| {
+            let pool = &a.spec.pool_ref;
+            pool.name == name && pool.kind == kind && pool.api_group == group
+        });
+        let capi = capi.map(|a| Held {
+            address: a.spec.address.clone(),
+            claim: a.spec.claim_ref.name.clone(),
+        });
+        let metal3 = fresh
+            .metal3
+            .iter()
+            .filter(|a| kind == "IPPool" && a.spec.pool.name.as_deref() == Some(name))
             .map(|a| Held {
-                address: a.spec.address,
-                claim: a.spec.claim_ref.name,
-            })
-            .collect();
-        if kind == "IPPool" {
-            let metal3: Vec<Metal3IPAddress> =
-                list(&self.client, namespace, "Metal3 IPAddresses").await?;
-            held.extend(
-                metal3
-                    .into_iter()
-                    .filter(|a| a.spec.pool.name.as_deref() == Some(name))
-                    .map(|a| Held {
-                        address: a.spec.address,
-                        claim: a.spec.claim.name.unwrap_or_default(),
-                    }),
-            );
-        }
-        Ok(held)
+                address: a.spec.address.clone(),
+                claim: a.spec.claim.name.clone().unwrap_or_default(),
+            });
+        Ok(capi.chain(metal3).collect())
     }
 
     /// Every other pool's layout (valid ones), named `Kind namespace/name`.
@@ -320,45 +316,46 @@ impl Webhooks {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Vec<(String, Layout)>, AdmissionError> {
-        let this = |k: &str, ns: Option<String>, n: &str| {
-            k == kind && ns.as_deref() == namespace && n == name
-        };
-        let mut layouts = Vec::new();
-        let pools: Vec<InClusterIPPool> = list(&self.client, None, "InClusterIPPools").await?;
-        for p in pools {
-            let (ns, n) = (p.namespace(), p.name_any());
-            if !this("InClusterIPPool", ns.clone(), &n)
-                && let Ok(l) = rules::capi_pool(&p.spec)
-            {
-                layouts.push((format!("InClusterIPPool {}/{n}", ns.unwrap_or_default()), l));
-            }
-        }
-        let globals = Api::<GlobalInClusterIPPool>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| AdmissionError::Read {
-                what: "GlobalInClusterIPPools".into(),
-                source,
-            })?
-            .items;
-        for p in globals {
-            let n = p.name_any();
-            if !this("GlobalInClusterIPPool", None, &n)
-                && let Ok(l) = rules::capi_pool(&p.spec.pool)
-            {
-                layouts.push((format!("GlobalInClusterIPPool {n}"), l));
-            }
-        }
-        let ippools: Vec<IPPool> = list(&self.client, None, "IPPools").await?;
-        for p in ippools {
-            let (ns, n) = (p.namespace(), p.name_any());
-            if !this("IPPool", ns.clone(), &n)
-                && let Ok(l) = rules::metal3_pool(&p.spec)
-            {
-                layouts.push((format!("IPPool {}/{n}", ns.unwrap_or_default()), l));
-            }
-        }
-        Ok(layouts)
+        let capi = list_all::<InClusterIPPool>(&self.client, "InClusterIPPools").await?;
+        let globals =
+            list_all::<GlobalInClusterIPPool>(&self.client, "GlobalInClusterIPPools").await?;
+        let ippools = list_all::<IPPool>(&self.client, "IPPools").await?;
+        let capi = capi.into_iter().map(|p| {
+            (
+                "InClusterIPPool",
+                p.namespace(),
+                p.name_any(),
+                rules::capi_pool(&p.spec),
+            )
+        });
+        let globals = globals.into_iter().map(|p| {
+            (
+                "GlobalInClusterIPPool",
+                None,
+                p.name_any(),
+                rules::capi_pool(&p.spec.pool),
+            )
+        });
+        let ippools = ippools.into_iter().map(|p| {
+            (
+                "IPPool",
+                p.namespace(),
+                p.name_any(),
+                rules::metal3_pool(&p.spec),
+            )
+        });
+        Ok(capi
+            .chain(globals)
+            .chain(ippools)
+            .filter(|(k, ns, n, _)| !(*k == kind && ns.as_deref() == namespace && n == name))
+            .filter_map(|(k, ns, n, layout)| {
+                let named = match ns {
+                    Some(ns) => format!("{k} {ns}/{n}"),
+                    None => format!("{k} {n}"),
+                };
+                Some((named, layout.ok()?))
+            })
+            .collect())
     }
 
     async fn ipclaim(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
@@ -372,10 +369,12 @@ impl Webhooks {
         };
         let old = decode::<IPClaim>("IPClaim", request.old_object.as_ref())?;
         let mut problems = rules::ipclaim(old.as_ref().map(reference).as_ref(), &reference(&new));
-        let pool_namespace = reference(&new).namespace.or(request.namespace.clone());
-        let pool = self
-            .metal3_layout(pool_namespace.as_deref(), &reference(&new).name)
-            .await?;
+        let key = PoolKey {
+            kind: metal3_ipam::POOL_KIND.to_string(),
+            namespace: reference(&new).namespace.or(request.namespace.clone()),
+            name: reference(&new).name,
+        };
+        let pool = self.pool_layout(&key).await?;
         let requested = new
             .annotations()
             .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
@@ -414,32 +413,19 @@ impl Webhooks {
             text("/spec/poolRef/kind"),
             text("/spec/poolRef/name"),
         );
-        let namespace = request.namespace.as_deref();
-        let layout = match (group.as_str(), kind.as_str()) {
-            (capi::GROUP, "InClusterIPPool" | "GlobalInClusterIPPool")
-            | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND)
-                if name.is_empty() =>
-            {
-                return Ok(vec!["spec.poolRef.name: cannot be empty".into()]);
-            }
-            (capi::GROUP, "InClusterIPPool") => {
-                let api: Api<InClusterIPPool> =
-                    Api::namespaced(self.client.clone(), namespace.unwrap_or_default());
-                get(&api, &name)
-                    .await?
-                    .and_then(|p| rules::capi_pool(&p.spec).ok())
-            }
-            (capi::GROUP, "GlobalInClusterIPPool") => {
-                let api: Api<GlobalInClusterIPPool> = Api::all(self.client.clone());
-                get(&api, &name)
-                    .await?
-                    .and_then(|p| rules::capi_pool(&p.spec.pool).ok())
-            }
-            (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
-                self.metal3_layout(namespace, &name).await?
-            }
-            _ => return Ok(Vec::new()),
+        let reference = IPPoolReference {
+            name,
+            kind,
+            api_group: group,
         };
+        let namespace = request.namespace.clone().unwrap_or_default();
+        let Some(key) = PoolKey::of_ref(&reference, &namespace) else {
+            return Ok(Vec::new());
+        };
+        if key.name.is_empty() {
+            return Ok(vec!["spec.poolRef.name: cannot be empty".into()]);
+        }
+        let layout = self.pool_layout(&key).await?;
         let requested = claim
             .annotations()
             .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
@@ -450,18 +436,29 @@ impl Webhooks {
         ))
     }
 
-    async fn metal3_layout(
-        &self,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Result<Option<Layout>, AdmissionError> {
-        if name.is_empty() {
+    /// The layout of a bitpool pool, if it exists and is valid.
+    async fn pool_layout(&self, key: &PoolKey) -> Result<Option<Layout>, AdmissionError> {
+        if key.name.is_empty() {
             return Ok(None);
         }
-        let api: Api<IPPool> = Api::namespaced(self.client.clone(), namespace.unwrap_or_default());
-        Ok(get(&api, name)
+        let (client, namespace) = (
+            self.client.clone(),
+            key.namespace.as_deref().unwrap_or_default(),
+        );
+        Ok(match key.kind.as_str() {
+            "InClusterIPPool" => get(
+                &Api::<InClusterIPPool>::namespaced(client, namespace),
+                &key.name,
+            )
             .await?
-            .and_then(|p| rules::metal3_pool(&p.spec).ok()))
+            .and_then(|p| rules::capi_pool(&p.spec).ok()),
+            "GlobalInClusterIPPool" => get(&Api::<GlobalInClusterIPPool>::all(client), &key.name)
+                .await?
+                .and_then(|p| rules::capi_pool(&p.spec.pool).ok()),
+            _ => get(&Api::<IPPool>::namespaced(client, namespace), &key.name)
+                .await?
+                .and_then(|p| rules::metal3_pool(&p.spec).ok()),
+        })
     }
 }
 
@@ -494,22 +491,12 @@ where
         })
 }
 
-async fn list<K>(
-    client: &Client,
-    namespace: Option<&str>,
-    what: &str,
-) -> Result<Vec<K>, AdmissionError>
+async fn list_all<K>(client: &Client, what: &str) -> Result<Vec<K>, AdmissionError>
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let api: Api<K> = match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    api.list(&ListParams::default())
+    Api::<K>::all(client.clone())
+        .list(&ListParams::default())
         .await
         .map(|l| l.items)
         .map_err(|source| AdmissionError::Read {

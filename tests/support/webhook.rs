@@ -45,8 +45,7 @@ impl Certs {
         }
     }
 
-    /// A new serving certificate from the same CA would need the issuer; a rotation to a new CA
-    /// is what the reload test needs, so this writes a fresh pair signed by `issuer`.
+    /// Writes a serving certificate for 127.0.0.1 signed by `issuer`, and its key.
     fn issue(dir: &std::path::Path, issuer: &rcgen::Issuer<'_, rcgen::KeyPair>) {
         let key = rcgen::KeyPair::generate().expect("serving key");
         let params =
