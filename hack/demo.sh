@@ -28,7 +28,7 @@ if ! kubectl get crd ipaddressclaims.ipam.cluster.x-k8s.io >/dev/null 2>&1; then
 fi
 
 log=$(mktemp -t bitpool-demo.XXXXXX.log)
-"$bitpool" run --webhook-port=0 >"$log" 2>&1 &
+"$bitpool" run --webhook-port=0 --health-addr=127.0.0.1:9440 --diagnostics-address=127.0.0.1:8080 --insecure-diagnostics >"$log" 2>&1 &
 pid=$!
 cleanup() {
   if [ "${BITPOOL_DEMO_KEEP:-}" != 1 ]; then

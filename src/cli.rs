@@ -10,6 +10,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::api::capi_pools::InClusterIPPool;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
+use std::sync::Arc;
+
+use crate::net::http;
+use crate::ops::diagnostics::Access;
+use crate::ops::events::Events;
+use crate::ops::metrics::Metrics;
+use crate::ops::{self, Ops, lease};
 use crate::{controllers, crds, migrate};
 
 #[derive(Debug, Parser)]
@@ -22,7 +29,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controllers against $KUBECONFIG, or the in-cluster configuration.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the CRDs of the kinds bitpool serves, write them to a directory, or apply them.
     Crds(CrdsArgs),
     /// Write InClusterIPPools that replace Metal3 IPPools, pinning every allocated address to its
@@ -102,8 +109,105 @@ pub struct RunArgs {
         default_missing_value = "true"
     )]
     pub enable_bmh_name_based_preallocation: bool,
+    /// Reconciles of one controller running at once (0: no limit). Each pool is reconciled by
+    /// one at a time, whatever this says.
+    #[arg(long, env = "BITPOOL_CONCURRENCY", default_value_t = 10)]
+    pub concurrency: u16,
+    /// How often every pool is checked again when nothing happens (Go duration: 10m, 90s).
+    #[arg(long, env = "BITPOOL_SYNC_PERIOD", default_value = "10m", value_parser = parse_go_duration)]
+    pub sync_period: Duration,
     #[command(flatten)]
     pub webhook: WebhookArgs,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// Health probes, metrics and leader election, spelled as Cluster API managers spell them.
+#[derive(Debug, Args)]
+pub struct OpsArgs {
+    /// Where `/healthz` and `/readyz` are served (`host:port`, `:port`, or `0` for off).
+    #[arg(long, env = "BITPOOL_HEALTH_ADDR", default_value = ":9440")]
+    pub health_addr: String,
+    /// Where `/metrics` is served (`host:port`, `:port`, or `0` for off): over HTTPS to callers
+    /// allowed `get` on `/metrics`, unless --insecure-diagnostics.
+    #[arg(long, env = "BITPOOL_DIAGNOSTICS_ADDRESS", default_value = ":8443")]
+    pub diagnostics_address: String,
+    /// Serve `/metrics` over plain HTTP, without authentication or authorisation.
+    #[arg(
+        long,
+        env = "BITPOOL_INSECURE_DIAGNOSTICS",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub insecure_diagnostics: bool,
+    /// Elect a leader on a Lease in the ledger namespace: only the leader writes; standbys keep
+    /// their caches warm and take over when the lease expires or is released.
+    #[arg(
+        long,
+        env = "BITPOOL_LEADER_ELECT",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub leader_elect: bool,
+    /// How long a lease lasts without renewal; a standby takes over after it (Go duration).
+    #[arg(long, env = "BITPOOL_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_go_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// When the leader renews its lease; it stops writing half-way between this and the lease
+    /// duration if renewals fail (Go duration).
+    #[arg(long, env = "BITPOOL_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_go_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// Accepted for Cluster API tooling: standbys try again when the lease they saw expires,
+    /// and after conflicts with backoff, rather than on a fixed period (Go duration).
+    #[arg(long, env = "BITPOOL_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_go_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// Name of the leader election Lease.
+    #[arg(
+        long,
+        env = "BITPOOL_LEADER_ELECTION_ID",
+        default_value = "bitpool-leader-election"
+    )]
+    pub leader_election_id: String,
+}
+
+/// A Go duration (`1h30m`, `10s`, `250ms`), as Cluster API managers' flags take them.
+pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+    let problem =
+        || format!("{text:?} is not a duration: use a number and a unit, as 10s, 1m30s, 500ms");
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return Err(problem());
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(problem)?;
+        let (number, tail) = rest.split_at(digits);
+        let number: f64 = number.parse().map_err(|_| problem())?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return Err(problem()),
+        };
+        total += Duration::try_from_secs_f64(number * seconds).map_err(|_| problem())?;
+        rest = tail;
+    }
+    Ok(total)
 }
 
 /// The webhook server (admission and conversion). The CRDs of the pool kinds convert through it,
@@ -126,7 +230,7 @@ pub struct WebhookArgs {
     pub webhook_cert_dir: PathBuf,
     /// Minimum TLS version: VersionTLS12 or VersionTLS13.
     #[arg(long, env = "BITPOOL_TLS_MIN_VERSION", default_value = "VersionTLS12")]
-    pub tls_min_version: crate::webhook::tls::MinVersion,
+    pub tls_min_version: crate::net::tls::MinVersion,
     /// TLS 1.2 cipher suites, by their Go names, comma-separated (default: all that rustls
     /// offers, every one AEAD with forward secrecy). TLS 1.3 suites are always on.
     #[arg(long, env = "BITPOOL_TLS_CIPHER_SUITES", value_delimiter = ',')]
@@ -192,13 +296,19 @@ pub enum Error {
     Webhook(#[from] crate::webhook::ServeError),
     #[error(transparent)]
     Contract(#[from] crds::ContractError),
+    #[error(transparent)]
+    Bind(#[from] http::BindError),
+    #[error(transparent)]
+    Election(#[from] lease::ElectionError),
+    #[error("{0}")]
+    Flag(String),
     #[error("{0} allocation(s) would change; nothing was written")]
     WouldChange(usize),
 }
 
 pub async fn execute(cli: Cli) -> Result<(), Error> {
     match cli.command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Crds(args) => crds_command(args).await,
         Command::Migrate(args) => migrate_command(args).await,
     }
@@ -404,6 +514,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     .await?;
     // Before the CRD wait: the pool CRDs convert through this server.
     start_webhooks(&args.webhook, &client).await?;
+    let (ops, election) = start_ops(&args, &client).await?;
     // bitpool's own CRDs, and the contract's IPAddressClaim and IPAddress (from Cluster API
     // core, or `bitpool crds --apply --standalone`).
     let mut required = crds::served();
@@ -423,11 +534,82 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         watch_filter: args.watch_filter,
         ledger_namespace: args.ledger_namespace,
         bmh_name_based_preallocation: args.enable_bmh_name_based_preallocation,
+        concurrency: args.concurrency,
+        sync_period: args.sync_period,
     };
     let grace = Duration::from_secs(args.shutdown_timeout_seconds);
-    controllers::run(client, settings, stop_on_signal(grace)).await;
+    controllers::run(client, settings, ops, stop_on_signal(grace)).await;
+    if let Some(election) = election {
+        election.resign().await;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Metrics, Events and leadership, and the health and diagnostics servers that report them.
+async fn start_ops(
+    args: &RunArgs,
+    client: &kube::Client,
+) -> Result<(Arc<Ops>, Option<lease::Election>), Error> {
+    let flags = &args.ops;
+    let metrics = Arc::new(Metrics::new());
+    let identity = lease::identity();
+    let (leadership, election) = if flags.leader_elect {
+        // The Lease lives in bitpool's own namespace, beside the ledgers.
+        if let Err(e) =
+            controllers::transaction::ensure_namespace(client, &args.ledger_namespace).await
+        {
+            tracing::warn!(namespace = %args.ledger_namespace, error = %e, "cannot create the namespace of the leader lease");
+        }
+        let settings = lease::ElectionSettings {
+            lease_name: flags.leader_election_id.clone(),
+            namespace: args.ledger_namespace.clone(),
+            identity: identity.clone(),
+            lease_duration: flags.leader_elect_lease_duration,
+            renew_deadline: flags.leader_elect_renew_deadline,
+        };
+        let on_change = {
+            let metrics = metrics.clone();
+            move |leading| metrics.set_leader(leading)
+        };
+        let (leadership, election) = lease::elect(client.clone(), settings, on_change).await?;
+        tracing::info!(%identity, lease = %flags.leader_election_id, "leader election joined");
+        (leadership, Some(election))
+    } else {
+        metrics.set_leader(true);
+        (lease::Leadership::always(), None)
+    };
+    let events = Events::new(client.clone(), identity, metrics.clone());
+    let ops = Arc::new(Ops::new(metrics.clone(), events, leadership));
+    if let Some(addr) = ops::parse_bind_address(&flags.health_addr).map_err(Error::Flag)? {
+        let listener = http::bind(addr, "health probes").await?;
+        tracing::info!(address = %addr, "serving /healthz and /readyz");
+        let handler = ops::health::handler(ops.clone());
+        tokio::spawn(http::accept_loop(listener, None, handler, "health"));
+    }
+    if let Some(addr) = ops::parse_bind_address(&flags.diagnostics_address).map_err(Error::Flag)? {
+        let listener = http::bind(addr, "metrics").await?;
+        let (tls, access) = if flags.insecure_diagnostics {
+            (None, Access::Open)
+        } else {
+            let options = crate::net::tls::TlsOptions {
+                cert_dir: args.webhook.webhook_cert_dir.clone(),
+                min_version: args.webhook.tls_min_version,
+                cipher_suites: args.webhook.tls_cipher_suites.clone(),
+            };
+            let names = vec!["localhost".to_string(), lease::host_name()];
+            let config = crate::net::tls::self_signed_config(&options, names)
+                .map_err(|e| Error::Webhook(e.into()))?;
+            (
+                Some(tokio_rustls::TlsAcceptor::from(config)),
+                Access::Authorized(client.clone()),
+            )
+        };
+        tracing::info!(address = %addr, secure = tls.is_some(), "serving /metrics");
+        let handler = ops::diagnostics::handler(metrics, access);
+        tokio::spawn(http::accept_loop(listener, tls, handler, "metrics"));
+    }
+    Ok((ops, election))
 }
 
 async fn start_webhooks(args: &WebhookArgs, client: &kube::Client) -> Result<(), Error> {
@@ -435,7 +617,7 @@ async fn start_webhooks(args: &WebhookArgs, client: &kube::Client) -> Result<(),
         tracing::info!("webhook server off (--webhook-port=0)");
         return Ok(());
     }
-    let options = crate::webhook::tls::TlsOptions {
+    let options = crate::net::tls::TlsOptions {
         cert_dir: args.webhook_cert_dir.clone(),
         min_version: args.tls_min_version,
         cipher_suites: args.tls_cipher_suites.clone(),
@@ -507,7 +689,7 @@ mod tests {
         let cli = Cli::try_parse_from(["bitpool", "run"].iter().chain(args))
             .expect("the arguments parse");
         match cli.command {
-            Command::Run(run) => run,
+            Command::Run(run) => *run,
             _ => unreachable!("parsed as run"),
         }
     }
@@ -543,10 +725,7 @@ mod tests {
             defaults.webhook_cert_dir,
             PathBuf::from("/tmp/k8s-webhook-server/serving-certs")
         );
-        assert_eq!(
-            defaults.tls_min_version,
-            crate::webhook::tls::MinVersion::Tls12
-        );
+        assert_eq!(defaults.tls_min_version, crate::net::tls::MinVersion::Tls12);
         assert!(defaults.tls_cipher_suites.is_empty() && !defaults.refuse_overlapping_pools);
         let set = run_args(&[
             "--webhook-port=0",
@@ -556,7 +735,7 @@ mod tests {
         ])
         .webhook;
         assert_eq!(set.webhook_port, 0);
-        assert_eq!(set.tls_min_version, crate::webhook::tls::MinVersion::Tls13);
+        assert_eq!(set.tls_min_version, crate::net::tls::MinVersion::Tls13);
         assert_eq!(set.tls_cipher_suites.len(), 2);
         assert!(set.refuse_overlapping_pools);
         let refused = Cli::try_parse_from(["bitpool", "run", "--tls-min-version=VersionTLS11"])
@@ -564,6 +743,66 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(refused.contains("VersionTLS11"), "{refused}");
+    }
+
+    #[test]
+    fn capi_manager_flags_are_accepted_with_their_meaning() {
+        let defaults = run_args(&[]);
+        assert_eq!(defaults.ops.health_addr, ":9440");
+        assert_eq!(defaults.ops.diagnostics_address, ":8443");
+        assert!(!defaults.ops.insecure_diagnostics && !defaults.ops.leader_elect);
+        assert_eq!(
+            defaults.ops.leader_elect_lease_duration,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            defaults.ops.leader_elect_renew_deadline,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            (defaults.concurrency, defaults.sync_period),
+            (10, Duration::from_secs(600))
+        );
+        // As CAPI's own manifests and tooling spell them.
+        let set = run_args(&[
+            "--leader-elect",
+            "--diagnostics-address=:8080",
+            "--insecure-diagnostics=true",
+            "--health-addr=127.0.0.1:9441",
+            "--leader-elect-lease-duration=1m30s",
+            "--leader-elect-renew-deadline=45s",
+            "--leader-elect-retry-period=500ms",
+            "--concurrency=3",
+            "--sync-period=2h",
+            "--kube-api-qps=20",
+            "--kube-api-burst=30",
+        ]);
+        assert!(set.ops.leader_elect && set.ops.insecure_diagnostics);
+        assert_eq!(set.ops.diagnostics_address, ":8080");
+        assert_eq!(set.ops.leader_elect_lease_duration, Duration::from_secs(90));
+        assert_eq!(set.ops.leader_elect_renew_deadline, Duration::from_secs(45));
+        assert_eq!(
+            set.ops.leader_elect_retry_period,
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            (set.concurrency, set.sync_period),
+            (3, Duration::from_secs(7200))
+        );
+        assert_eq!((set.kube_api_qps.get(), set.kube_api_burst.get()), (20, 30));
+        assert!(!run_args(&["--leader-elect=false"]).ops.leader_elect);
+    }
+
+    #[test]
+    fn go_durations_parse_and_nonsense_is_refused_by_name() {
+        assert_eq!(parse_go_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_go_duration("1h2m3s"), Ok(Duration::from_secs(3723)));
+        assert_eq!(parse_go_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "10", "s", "10x", "1h-2m", "ten seconds"] {
+            let error = parse_go_duration(bad).unwrap_err();
+            assert!(error.contains("not a duration"), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`render`]: a host's metaData and networkData from its template, as CAPM3 writes them.
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
 //! - [`webhook`]: the admission and conversion webhooks.
+//! - [`ops`]: health probes, metrics, leader election and Events.
+//! - [`net`]: the HTTP(S) listener and TLS the servers share.
 //! - [`cli`]: the `bitpool` command line.
 
 pub mod alloc;
@@ -16,5 +18,7 @@ pub mod client;
 pub mod controllers;
 pub mod crds;
 pub mod migrate;
+pub mod net;
+pub mod ops;
 pub mod render;
 pub mod webhook;

@@ -28,6 +28,10 @@ pub struct Settings {
     /// Name the Metal3Data's IP claims `<BareMetalHost>-<pool>`, so that a pool's preAllocations
     /// give each host the same address across re-provisioning.
     pub bmh_name_based_preallocation: bool,
+    /// Reconciles running at once, per controller (0: no limit).
+    pub concurrency: u16,
+    /// How often every pool is checked again when nothing happens.
+    pub sync_period: Duration,
 }
 
 /// What every reconcile reads: the client, the settings and the shared caches.
@@ -46,6 +50,8 @@ pub struct Context {
     pub data_templates: Store<Metal3DataTemplate>,
     pub datas: Store<Metal3Data>,
     pub data_claims: Store<Metal3DataClaim>,
+    /// Metrics, Events and leadership.
+    pub ops: std::sync::Arc<crate::ops::Ops>,
     pub state: ProcessState,
 }
 

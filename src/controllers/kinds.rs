@@ -151,22 +151,34 @@ impl AnyClaim {
 
     /// Writes the outcome in the claim's own terms: the contract's Ready condition on a CAPI
     /// claim, upstream's `status.address` and `errorMessage` strings on a Metal3 claim.
-    pub async fn write_status(&self, ctx: &Context, outcome: &Outcome) -> Result<(), Error> {
+    /// Writes the claim's status for `outcome`; false when it already said so.
+    pub async fn write_status(&self, ctx: &Context, outcome: &Outcome) -> Result<bool, Error> {
         let ns = self.namespace();
         let patch = match self {
             AnyClaim::Capi(claim) => capi_status_patch(claim, outcome),
             AnyClaim::Metal3(claim) => metal3_status_patch(claim, outcome),
         };
-        let Some(patch) = patch else { return Ok(()) };
+        let Some(patch) = patch else {
+            return Ok(false);
+        };
         match self {
             AnyClaim::Capi(c) => {
                 let api = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &ns);
-                objects::merge_status(&api, &c.name_any(), patch).await
+                objects::merge_status(&api, &c.name_any(), patch).await?;
             }
             AnyClaim::Metal3(c) => {
                 let api = Api::<IPClaim>::namespaced(ctx.client.clone(), &ns);
-                objects::merge_status(&api, &c.name_any(), patch).await
+                objects::merge_status(&api, &c.name_any(), patch).await?;
             }
+        }
+        Ok(true)
+    }
+
+    /// The claim as an Event's `regarding`.
+    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        match self {
+            AnyClaim::Capi(c) => c.object_ref(&()),
+            AnyClaim::Metal3(c) => c.object_ref(&()),
         }
     }
 }

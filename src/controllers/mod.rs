@@ -142,6 +142,9 @@ where
     K: Resource<DynamicType = ()>,
 {
     let described = describe(&*object);
+    ctx.ops
+        .metrics
+        .reconcile_failed(&K::kind(&()), error.kind());
     let retry = ctx.failed(&described, error);
     tracing::warn!(
         object = %described,
@@ -156,8 +159,9 @@ where
     }
 }
 
-/// Runs `reconcile` once the caches hold their initial lists and unless shutdown has begun, and
-/// resets the object's retry backoff when it succeeds.
+/// Runs `reconcile` once the caches hold their initial lists, while this process leads and
+/// unless shutdown has begun; resets the object's retry backoff when it succeeds. Losing the
+/// lease drops the reconcile at once, as a crash would: every write is resumable.
 async fn guarded<K, F, Fut>(
     object: Arc<K>,
     ctx: Arc<Context>,
@@ -169,11 +173,20 @@ where
     Fut: Future<Output = Result<Action, Error>>,
 {
     ctx.wait_for_caches().await;
-    if ctx.shutting_down() {
+    if ctx.shutting_down() || !ctx.ops.leadership.is_leading() {
+        // A new leader reconciles everything when it takes over.
         return Ok(Action::await_change());
     }
     let described = describe(&*object);
-    let result = reconcile(object, ctx.clone()).await;
+    let started = std::time::Instant::now();
+    let result = tokio::select! {
+        result = reconcile(object, ctx.clone()) => result,
+        _ = ctx.ops.leadership.lost() => {
+            tracing::info!(object = %described, "reconcile dropped: this process stopped leading");
+            return Ok(Action::await_change());
+        }
+    };
+    ctx.ops.metrics.reconciled(&K::kind(&()), started.elapsed());
     if result.is_ok() {
         ctx.succeeded(&described);
     }
@@ -198,6 +211,7 @@ struct Caches {
 pub async fn run(
     client: Client,
     settings: Settings,
+    ops: Arc<crate::ops::Ops>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     if let Err(e) = transaction::ensure_namespace(&client, &settings.ledger_namespace).await {
@@ -242,48 +256,36 @@ pub async fn run(
         data_templates: data_templates.store.clone(),
         datas: datas.store.clone(),
         data_claims: data_claims.store.clone(),
+        ops,
         state: Default::default(),
     });
+    let synced = ctx.clone();
+    tokio::spawn(async move {
+        synced.wait_for_caches().await;
+        synced.ops.mark_caches_synced();
+        tracing::info!("watch caches synced");
+    });
 
-    let config = ControllerConfig::default().debounce(Duration::from_millis(100));
+    let config = ControllerConfig::default()
+        .debounce(Duration::from_millis(100))
+        .concurrency(settings.concurrency);
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let stop_signal = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
-    let finish = |c: Controller<_>| {
-        c.with_config(config.clone())
-            .graceful_shutdown_on(stop_signal())
-    };
-    let in_cluster = pool_controller(&pools, &caches, &ctx).map(finish);
-    let global = pool_controller(&global_pools, &caches, &ctx).map(|c| {
-        c.with_config(config.clone())
-            .graceful_shutdown_on(stop_signal())
-    });
-    let metal3 = pool_controller(&ippools, &caches, &ctx).map(|c| {
-        c.with_config(config.clone())
-            .graceful_shutdown_on(stop_signal())
-    });
+    let in_cluster =
+        pool_controller(&pools, &caches, &ctx).map(|c| configure(c, &config, &stopped, &ctx));
+    let global = pool_controller(&global_pools, &caches, &ctx)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let metal3 =
+        pool_controller(&ippools, &caches, &ctx).map(|c| configure(c, &config, &stopped, &ctx));
     let orphan_claims = caches.claims.subscribe().map(|trigger| {
-        Controller::for_shared_stream(trigger, caches.claims.store.clone())
-            .with_config(config.clone())
-            .graceful_shutdown_on(stop_signal())
+        let controller = Controller::for_shared_stream(trigger, caches.claims.store.clone());
+        configure(controller, &config, &stopped, &ctx)
     });
-    let template_controller = template_controller(&data_templates, &datas, &data_claims).map(|c| {
-        c.with_config(config.clone())
-            .graceful_shutdown_on(stop_signal())
-    });
-    let orphan_data_claims =
-        orphan_data_claim_controller(&data_claims, &data_templates, &ctx).map(|c| {
-            c.with_config(config.clone())
-                .graceful_shutdown_on(stop_signal())
-        });
-    let data_controller = data_controller(&datas, &data_claims, &caches, &ctx).map(|c| {
-        c.with_config(config.clone())
-            .graceful_shutdown_on(stop_signal())
-    });
+    let template_controller = template_controller(&data_templates, &datas, &data_claims)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let orphan_data_claims = orphan_data_claim_controller(&data_claims, &data_templates, &ctx)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let data_controller = data_controller(&datas, &data_claims, &caches, &ctx)
+        .map(|c| configure(c, &config, &stopped, &ctx));
 
     caches
         .claims
@@ -392,6 +394,26 @@ pub async fn run(
         stop_on_shutdown,
     )
     .await;
+}
+
+/// Every controller's settings: concurrency and debounce, stopping with the process, and a
+/// reconcile of every object when this process becomes the leader (it skipped them before).
+fn configure<K>(
+    controller: Controller<K>,
+    config: &ControllerConfig,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+    ctx: &Context,
+) -> Controller<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let mut stopped = stopped.clone();
+    controller
+        .with_config(config.clone())
+        .reconcile_all_on(ctx.ops.leadership.gained())
+        .graceful_shutdown_on(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        })
 }
 
 /// Runs a controller to its end (shutdown); failed reconciles were logged by [`error_policy`].

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -35,6 +36,7 @@ use super::transaction;
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::IPPoolReference;
 use crate::api::{capi, metal3_ipam};
+use crate::ops::events::Reason;
 
 /// How many API calls of one kind a reconcile runs at once.
 const PARALLEL_CALLS: usize = 16;
@@ -44,8 +46,6 @@ const BATCH: usize = 500;
 /// How long an address with neither reservation nor object must stay so before a fresh list
 /// decides it is leaked (an address object removed by force, or a crash mid-release).
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
-/// Periodic re-check of every pool, as a safety net for missed events.
-const RESYNC: Duration = Duration::from_secs(600);
 /// Re-check of a pool whose claims wait for a free address.
 const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
 
@@ -492,7 +492,8 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
     let key = pool.key();
     let finished = std::mem::take(&mut batch.finished);
     finish_claims(&ctx, &key, finished, P::claim_finalizer).await?;
-    write_statuses(&ctx, &key, std::mem::take(&mut batch.statuses)).await;
+    let statuses = std::mem::take(&mut batch.statuses);
+    write_statuses(&ctx, &key, pool.object_ref(&()), statuses).await;
     if let Some(e) = done.ledger_error {
         return Err(e);
     }
@@ -508,6 +509,12 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
     if let Some(patch) = pool.status_patch(&report) {
         let api = pool.api_for(ctx.client.clone());
         objects::merge_status(&api, &pool.name_any(), patch).await?;
+        if let Some(problem) = &spec_error {
+            let note = format!("the pool hands out no address: {problem}");
+            ctx.ops
+                .events
+                .publish(pool.object_ref(&()), Reason::InvalidSpec, note);
+        }
     }
     let next = next_check(&batch, &done.outcomes, &claims, &ctx, &key);
     tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
@@ -584,6 +591,15 @@ async fn transact<P: PoolDialect>(
     let (ledger, usage) = keep_first(&mut ledger_error, second)
         .map(|(ledger, usage, _)| (ledger, usage))
         .unwrap_or_default();
+    let metrics = &ctx.ops.metrics;
+    metrics.allocated(&pool.key().kind, batch.second.confirm.len());
+    let released = batch.second.release.len()
+        + batch.second.release_claims.len()
+        + batch.second.release_unbound.len();
+    metrics.released(&pool.key().kind, released);
+    if let Some(usage) = &usage {
+        metrics.pool_usage(&pool_labels(&pool.key()), &usage.counts);
+    }
     if !batch.first.allocate.is_empty() || !batch.second.is_empty() || reclaimed_objects > 0 {
         tracing::info!(
             pool = %pool.key().describe(),
@@ -889,24 +905,73 @@ async fn finish_claims(
             tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "releasing the claim's finalizer failed");
             return Err(e);
         }
+        let note = format!("the address went back to {}", key.describe());
+        ctx.ops
+            .events
+            .publish(claim.object_ref(), Reason::AddressReleased, note);
     }
     Ok(())
 }
 
-async fn write_statuses(ctx: &Arc<Context>, key: &PoolKey, statuses: Vec<(AnyClaim, Outcome)>) {
+/// Writes the claims' statuses; a status that changed is also told as an Event.
+async fn write_statuses(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    pool: ObjectReference,
+    statuses: Vec<(AnyClaim, Outcome)>,
+) {
     let writes = in_parallel(statuses, |(claim, outcome)| {
         let ctx = ctx.clone();
         async move {
             let result = claim.write_status(&ctx, &outcome).await;
-            (claim, result)
+            (claim, outcome, result)
         }
     })
     .await;
-    for (claim, write) in writes {
-        if let Err(e) = write {
-            tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "claim status not written; retrying later");
+    let mut newly_exhausted = 0;
+    for (claim, outcome, write) in writes {
+        match write {
+            Ok(true) => {
+                if let Some(Reason::PoolExhausted) = claim_event(ctx, key, &claim, &outcome) {
+                    newly_exhausted += 1;
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "claim status not written; retrying later")
+            }
         }
     }
+    if newly_exhausted > 0 {
+        let note = format!("no free address for {newly_exhausted} new claim(s)");
+        ctx.ops.events.publish(pool, Reason::PoolExhausted, note);
+    }
+}
+
+/// Tells a claim's new status as an Event; says which.
+fn claim_event(
+    ctx: &Context,
+    key: &PoolKey,
+    claim: &AnyClaim,
+    outcome: &Outcome,
+) -> Option<Reason> {
+    let (reason, note) = match outcome {
+        Outcome::Allocated { address, .. } => (
+            Reason::AddressAllocated,
+            format!("allocated {address} from {}", key.describe()),
+        ),
+        Outcome::Refused {
+            refusal: Refusal::Alloc(alloc::AllocError::Exhausted),
+            pool,
+            ..
+        } => (
+            Reason::PoolExhausted,
+            format!("{pool} has no free address; the claim waits for one"),
+        ),
+        _ => return None,
+    };
+    ctx.ops.events.publish(claim.object_ref(), reason, note);
+    Some(reason)
 }
 
 /// When to look at the pool again.
@@ -917,7 +982,7 @@ fn next_check(
     ctx: &Context,
     key: &PoolKey,
 ) -> Duration {
-    let mut next = batch.next.unwrap_or(RESYNC);
+    let mut next = batch.next.unwrap_or(ctx.settings.sync_period);
     let waiting = |refusal: fn(&Refusal) -> bool| {
         outcomes
             .values()
@@ -1115,5 +1180,15 @@ async fn finish_pool_deletion<P: PoolDialect>(pool: &P, ctx: &Context) -> Result
     }
     transaction::forget(pool, ctx).await?;
     objects::remove_finalizer(&api, pool, P::FINALIZER).await?;
+    ctx.ops.metrics.forget_pool(&pool_labels(&pool.key()));
     Ok(Action::await_change())
+}
+
+/// A pool as its metrics name it.
+fn pool_labels(key: &PoolKey) -> crate::ops::metrics::PoolLabels {
+    crate::ops::metrics::PoolLabels {
+        kind: key.kind.clone(),
+        namespace: key.namespace.clone().unwrap_or_default(),
+        name: key.name.clone(),
+    }
 }

@@ -214,6 +214,7 @@ pub async fn commit<P: PoolDialect>(
         };
         let Some(written) = written else {
             tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
+            ctx.ops.metrics.ledger_conflict(&key.kind);
             continue;
         };
         let usage = space.as_ref().map(Usage::of);

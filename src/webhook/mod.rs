@@ -1,7 +1,6 @@
 //! The admission and conversion webhooks `bitpool run` serves over HTTPS.
 //!
-//! - [`server`]: the listener, TLS handshakes and routes (`/validate`, `/mutate`, `/convert`);
-//! - [`tls`]: rustls settings from the CAPI manager flags, and certificate reloading;
+//! - [`server`]: the routes on the shared HTTPS listener ([`crate::net`]) (`/validate`, `/mutate`, `/convert`);
 //! - [`rules`]: what is allowed, as plain functions;
 //! - [`admission`]: AdmissionReviews: which rules apply to which object, and the cluster state
 //!   (allocated addresses, the pool a claim names) they need;
@@ -11,7 +10,6 @@ pub mod admission;
 pub mod conversion;
 pub mod rules;
 pub mod server;
-pub mod tls;
 
 pub use server::{CONVERT_PATH, MUTATE_PATH, ServeError, VALIDATE_PATH, serve};
 

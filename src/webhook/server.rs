@@ -1,18 +1,16 @@
-//! The HTTPS listener: TLS handshakes, one task per connection, and the three routes.
+//! The webhook routes (`/validate`, `/mutate`, `/convert`) on the shared HTTPS listener.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode};
 use tokio_rustls::TlsAcceptor;
 
-use super::{Webhooks, tls};
+use super::Webhooks;
+use crate::net::http::{self, Reply};
+use crate::net::tls;
 
 /// AdmissionReviews and ConversionReviews above this size are refused (the API server's own
 /// request limit is 3 MiB; a ConversionReview of a large list can approach it).
@@ -26,11 +24,8 @@ pub const MUTATE_PATH: &str = "/mutate";
 pub enum ServeError {
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
-    #[error("cannot listen on {addr} for webhooks: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Bind(#[from] http::BindError),
 }
 
 /// Binds the port and loads the certificate (both fail at once, with a message), then serves
@@ -42,66 +37,29 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<impl std::future::Future<Output = ()>, ServeError> {
     let (config, reloader) = tls::server_config(&options)?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let listener = http::bind(addr, "webhooks").await?;
     let bound = listener.local_addr().unwrap_or(addr);
     tracing::info!(address = %bound, cert_dir = %options.cert_dir.display(), "serving webhooks");
     let acceptor = TlsAcceptor::from(config);
+    let handler: http::Handler = Arc::new(move |request| {
+        let webhooks = webhooks.clone();
+        Box::pin(async move { route(&webhooks, request).await })
+    });
     Ok(async move {
         let reload = tokio::spawn(reloader.watch());
         tokio::select! {
-            _ = accept_loop(listener, acceptor, webhooks) => {}
+            _ = http::accept_loop(listener, Some(acceptor), handler, "webhooks") => {}
             _ = shutdown => {}
         }
         reload.abort();
     })
 }
 
-async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, webhooks: Arc<Webhooks>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot accept a webhook connection");
-                continue;
-            }
-        };
-        let acceptor = acceptor.clone();
-        let webhooks = webhooks.clone();
-        tokio::spawn(async move {
-            let tls = match acceptor.accept(stream).await {
-                Ok(tls) => tls,
-                Err(e) => {
-                    tracing::debug!(peer = %peer, error = %e, "webhook TLS handshake failed");
-                    return;
-                }
-            };
-            let service = hyper::service::service_fn(move |request| {
-                let webhooks = webhooks.clone();
-                async move { Ok::<_, Infallible>(route(&webhooks, request).await) }
-            });
-            if let Err(e) = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(tls), service)
-                .await
-            {
-                tracing::debug!(peer = %peer, error = %e, "webhook connection ended with an error");
-            }
-        });
-    }
+fn reply(status: StatusCode, body: Vec<u8>) -> Reply {
+    http::reply(status, "application/json", body)
 }
 
-fn reply(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
-    response
-}
-
-async fn route(webhooks: &Webhooks, request: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(webhooks: &Webhooks, request: Request<Incoming>) -> Reply {
     if request.method() != Method::POST {
         return reply(StatusCode::METHOD_NOT_ALLOWED, b"{}".to_vec());
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod ipam;
+pub mod ops;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
@@ -255,6 +256,9 @@ impl Bitpool {
             .env("KUBECONFIG", kubeconfig_path())
             // No webhooks unless a test asks for them (`--webhook-port=…` wins over this).
             .env("BITPOOL_WEBHOOK_PORT", "0")
+            // Likewise no probe or metrics servers: many processes run side by side.
+            .env("BITPOOL_HEALTH_ADDR", "0")
+            .env("BITPOOL_DIAGNOSTICS_ADDRESS", "0")
             .env("RUST_LOG", "info,bitpool=debug,kube_runtime=debug")
             .stdout(file.try_clone().expect("log file handle"))
             .stderr(file)

@@ -1,6 +1,7 @@
-//! The webhook server's TLS: rustls with the *ring* provider, the minimum version and TLS 1.2
-//! cipher suites named as Cluster API managers name them (Go's names), and a certificate that is
-//! read again whenever cert-manager rotates the files.
+//! The TLS of bitpool's servers: rustls with the *ring* provider, the minimum version and TLS 1.2
+//! cipher suites named as Cluster API managers name them (Go's names); for the webhooks a
+//! certificate that is read again whenever cert-manager rotates the files, for the diagnostics
+//! endpoint one made at start-up.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -225,6 +226,34 @@ pub fn server_config(options: &TlsOptions) -> Result<(Arc<ServerConfig>, CertRel
         current,
     };
     Ok((Arc::new(config), reloader))
+}
+
+/// A configuration serving a certificate for `names` that signs itself, made now and kept in
+/// memory (as controller-runtime does for its secure metrics endpoint): scrapers that verify
+/// the server pin it out of band, the bearer token is what is checked.
+pub fn self_signed_config(
+    options: &TlsOptions,
+    names: Vec<String>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(provider(options)?);
+    let generated_error = |reason: String| TlsError::Key {
+        path: "(generated)".into(),
+        reason,
+    };
+    let generated =
+        rcgen::generate_simple_self_signed(names).map_err(|e| generated_error(e.to_string()))?;
+    let chain = vec![generated.cert.der().clone()];
+    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
+        .map_err(|e| generated_error(e.to_string()))?;
+    let certified = CertifiedKey::from_der(chain, key, &provider)
+        .map_err(|e| generated_error(e.to_string()))?;
+    let current = Arc::new(CurrentCert(RwLock::new(Arc::new(certified))));
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions(options.min_version))?
+        .with_no_client_auth()
+        .with_cert_resolver(current);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 #[cfg(test)]

@@ -1,0 +1,189 @@
+//! Kubernetes Events on claims and pools (`kubectl describe` shows them), rate-limited twice:
+//! each object gets one Event of a reason per [`PER_OBJECT_PERIOD`], and the whole process at
+//! most [`RATE`] a second, so that a burst of thousands of claims cannot flood the API server.
+//! Sending never holds up a reconcile, and a failure to send is only logged.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use super::metrics::Metrics;
+
+/// Events a second, on average, for the whole process.
+pub const RATE: u32 = 20;
+/// Events the process may send at once above [`RATE`].
+pub const BURST: u32 = 100;
+/// One Event per object and reason at most this often.
+pub const PER_OBJECT_PERIOD: Duration = Duration::from_secs(300);
+
+/// Why an Event was sent (its `reason`), a fixed list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A claim got its address.
+    AddressAllocated,
+    /// A claim's address went back to its pool.
+    AddressReleased,
+    /// A pool has no free address for a claim.
+    PoolExhausted,
+    /// A pool's spec cannot be served.
+    InvalidSpec,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::AddressAllocated => "AddressAllocated",
+            Reason::AddressReleased => "AddressReleased",
+            Reason::PoolExhausted => "PoolExhausted",
+            Reason::InvalidSpec => "InvalidSpec",
+        }
+    }
+
+    fn event_type(self) -> EventType {
+        match self {
+            Reason::AddressAllocated | Reason::AddressReleased => EventType::Normal,
+            Reason::PoolExhausted | Reason::InvalidSpec => EventType::Warning,
+        }
+    }
+
+    fn action(self) -> &'static str {
+        match self {
+            Reason::AddressAllocated | Reason::PoolExhausted => "Allocate",
+            Reason::AddressReleased => "Release",
+            Reason::InvalidSpec => "Validate",
+        }
+    }
+}
+
+/// Sends rate-limited Events.
+pub struct Events {
+    recorder: Option<Recorder>,
+    overall: DefaultDirectRateLimiter,
+    per_object: DefaultKeyedRateLimiter<(String, Reason)>,
+    metrics: Arc<Metrics>,
+}
+
+fn per_second(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)
+}
+
+impl Events {
+    /// Events reported as `controller`, instance `instance` (the pod).
+    pub fn new(client: Client, instance: String, metrics: Arc<Metrics>) -> Self {
+        let reporter = Reporter {
+            controller: "bitpool".into(),
+            instance: Some(instance),
+        };
+        Self::with_recorder(Some(Recorder::new(client, reporter)), metrics)
+    }
+
+    /// Events that are limited and counted but never sent.
+    #[cfg(test)]
+    pub(crate) fn for_tests(metrics: Arc<Metrics>) -> Self {
+        Self::with_recorder(None, metrics)
+    }
+
+    fn with_recorder(recorder: Option<Recorder>, metrics: Arc<Metrics>) -> Self {
+        let per_object = Quota::with_period(PER_OBJECT_PERIOD)
+            .unwrap_or_else(|| Quota::per_hour(NonZeroU32::MIN))
+            .allow_burst(NonZeroU32::MIN);
+        Self {
+            recorder,
+            overall: RateLimiter::direct(
+                Quota::per_second(per_second(RATE)).allow_burst(per_second(BURST)),
+            ),
+            per_object: RateLimiter::keyed(per_object),
+            metrics,
+        }
+    }
+
+    /// Whether an Event of `reason` about `regarding` may go now (and counts it if so).
+    fn admit(&self, regarding: &ObjectReference, reason: Reason) -> bool {
+        let object = format!(
+            "{}/{}/{}/{}",
+            regarding.kind.as_deref().unwrap_or_default(),
+            regarding.namespace.as_deref().unwrap_or_default(),
+            regarding.name.as_deref().unwrap_or_default(),
+            regarding.uid.as_deref().unwrap_or_default(),
+        );
+        if self.per_object.check_key(&(object, reason)).is_err() {
+            return false;
+        }
+        if self.overall.check().is_err() {
+            self.metrics.event_dropped();
+            return false;
+        }
+        // Forget objects whose period is over, so the limiter does not grow with churn.
+        if self.per_object.len() > 10_000 {
+            self.per_object.retain_recent();
+        }
+        true
+    }
+
+    /// Sends an Event about `regarding` in the background, unless a limit holds it back.
+    pub fn publish(&self, regarding: ObjectReference, reason: Reason, note: String) {
+        if !self.admit(&regarding, reason) {
+            return;
+        }
+        let Some(recorder) = self.recorder.clone() else {
+            return;
+        };
+        let event = Event {
+            type_: reason.event_type(),
+            reason: reason.as_str().to_string(),
+            note: Some(note),
+            action: reason.action().to_string(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &regarding).await {
+                tracing::debug!(reason = %event.reason, error = %e, "cannot send an Event");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(name: &str) -> ObjectReference {
+        ObjectReference {
+            kind: Some("IPAddressClaim".into()),
+            namespace: Some("default".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_event_per_object_and_reason_per_period() {
+        let events = Events::for_tests(Arc::new(Metrics::new()));
+        assert!(events.admit(&object("a"), Reason::PoolExhausted));
+        assert!(!events.admit(&object("a"), Reason::PoolExhausted));
+        assert!(events.admit(&object("a"), Reason::AddressAllocated));
+        assert!(events.admit(&object("b"), Reason::PoolExhausted));
+    }
+
+    #[test]
+    fn a_burst_beyond_the_process_limit_is_dropped_and_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let events = Events::for_tests(metrics.clone());
+        let sent = (0..BURST * 3)
+            .filter(|i| events.admit(&object(&i.to_string()), Reason::AddressAllocated))
+            .count();
+        // The burst, and perhaps the few the rate refilled while the loop ran.
+        assert!(
+            (BURST as usize..BURST as usize + 10).contains(&sent),
+            "{sent} sent"
+        );
+        let dropped = format!("bitpool_events_dropped_total {}", BURST as usize * 3 - sent);
+        assert!(metrics.encode().lines().any(|l| l == dropped));
+    }
+}

@@ -1,0 +1,303 @@
+//! The Prometheus metrics `/metrics` serves. Every label has a bounded set of values: kinds,
+//! controllers and error reasons are fixed lists, and a pool's series exist while the pool does.
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::alloc::Counts;
+
+/// The content type of [`Metrics::encode`]'s text (Prometheus reads OpenMetrics).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Address counts can exceed 2^63 (IPv6), so they are exported as floats.
+type AddressGauge = Gauge<f64, AtomicU64>;
+
+/// A pool, as its series name it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub kind: String,
+    /// Empty for cluster-scoped pools.
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    controller: String,
+    reason: String,
+}
+
+/// Every metric bitpool exports, registered under the `bitpool_` prefix.
+pub struct Metrics {
+    registry: Registry,
+    pool_total: Family<PoolLabels, AddressGauge>,
+    pool_used: Family<PoolLabels, AddressGauge>,
+    pool_free: Family<PoolLabels, AddressGauge>,
+    pool_out_of_range: Family<PoolLabels, AddressGauge>,
+    allocations: Family<KindLabels, Counter>,
+    releases: Family<KindLabels, Counter>,
+    ledger_conflicts: Family<KindLabels, Counter>,
+    reconcile_duration: Family<ControllerLabels, Histogram>,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    leader: Gauge,
+    events_dropped: Counter,
+    /// Serialises encoding: a scrape sees one consistent moment.
+    encoding: Mutex<()>,
+}
+
+/// Seconds from 1 ms to about 16 s, doubling.
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 15)
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("bitpool");
+        let metrics = Self {
+            pool_total: Family::default(),
+            pool_used: Family::default(),
+            pool_free: Family::default(),
+            pool_out_of_range: Family::default(),
+            allocations: Family::default(),
+            releases: Family::default(),
+            ledger_conflicts: Family::default(),
+            reconcile_duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+            reconcile_errors: Family::default(),
+            leader: Gauge::default(),
+            events_dropped: Counter::default(),
+            encoding: Mutex::new(()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "pool_addresses_total",
+            "Addresses a pool can hand out (its ranges less excluded, network, broadcast and gateway addresses)",
+            metrics.pool_total.clone(),
+        );
+        registry.register(
+            "pool_addresses_used",
+            "Addresses of a pool held by claims, including those outside its current ranges",
+            metrics.pool_used.clone(),
+        );
+        registry.register(
+            "pool_addresses_free",
+            "Addresses a pool can still hand out",
+            metrics.pool_free.clone(),
+        );
+        registry.register(
+            "pool_addresses_out_of_range",
+            "Addresses held by claims that the pool's current ranges no longer contain",
+            metrics.pool_out_of_range.clone(),
+        );
+        registry.register(
+            "allocations",
+            "Addresses handed out (address objects created), by pool kind",
+            metrics.allocations.clone(),
+        );
+        registry.register(
+            "releases",
+            "Addresses released back to their pool, by pool kind",
+            metrics.releases.clone(),
+        );
+        registry.register(
+            "ledger_conflicts",
+            "Ledger writes that lost a race with another writer and were computed again",
+            metrics.ledger_conflicts.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long reconciles took, by controller (the kind it reconciles)",
+            metrics.reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles, by controller and reason",
+            metrics.reconcile_errors.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this process holds the leader lease (or runs without leader election)",
+            metrics.leader.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not sent because of the Event rate limit",
+            metrics.events_dropped.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Records a pool's usage after a reconcile.
+    pub fn pool_usage(&self, pool: &PoolLabels, counts: &Counts) {
+        let set = |family: &Family<PoolLabels, AddressGauge>, value: u128| {
+            family.get_or_create(pool).set(value as f64);
+        };
+        set(&self.pool_total, counts.total);
+        set(&self.pool_used, counts.used);
+        set(&self.pool_free, counts.free);
+        set(&self.pool_out_of_range, counts.out_of_range);
+    }
+
+    /// Drops a deleted pool's series.
+    pub fn forget_pool(&self, pool: &PoolLabels) {
+        for family in [
+            &self.pool_total,
+            &self.pool_used,
+            &self.pool_free,
+            &self.pool_out_of_range,
+        ] {
+            family.remove(pool);
+        }
+    }
+
+    pub fn allocated(&self, pool_kind: &str, count: usize) {
+        self.count(&self.allocations, pool_kind, count);
+    }
+
+    pub fn released(&self, pool_kind: &str, count: usize) {
+        self.count(&self.releases, pool_kind, count);
+    }
+
+    pub fn ledger_conflict(&self, pool_kind: &str) {
+        self.count(&self.ledger_conflicts, pool_kind, 1);
+    }
+
+    fn count(&self, family: &Family<KindLabels, Counter>, kind: &str, count: usize) {
+        if count > 0 {
+            family
+                .get_or_create(&KindLabels {
+                    kind: kind.to_string(),
+                })
+                .inc_by(count as u64);
+        }
+    }
+
+    pub fn reconciled(&self, controller: &str, took: Duration) {
+        self.reconcile_duration
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_string(),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn reconcile_failed(&self, controller: &str, reason: &str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels {
+                controller: controller.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    pub fn event_dropped(&self) {
+        self.events_dropped.inc();
+    }
+
+    /// The exposition text of every metric.
+    pub fn encode(&self) -> String {
+        let _one_at_a_time = self.encoding.lock();
+        let mut text = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
+            tracing::warn!(error = %e, "cannot encode the metrics");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(name: &str) -> PoolLabels {
+        PoolLabels {
+            kind: "InClusterIPPool".into(),
+            namespace: "default".into(),
+            name: name.into(),
+        }
+    }
+
+    fn counts(total: u128, used: u128, out_of_range: u128) -> Counts {
+        Counts {
+            total,
+            used,
+            free: total - (used - out_of_range),
+            out_of_range,
+            reserved: 0,
+        }
+    }
+
+    #[test]
+    fn pool_gauges_follow_usage_and_go_with_the_pool() {
+        let metrics = Metrics::new();
+        metrics.pool_usage(&pool("a"), &counts(254, 10, 2));
+        metrics.pool_usage(&pool("b"), &counts(14, 0, 0));
+        let text = metrics.encode();
+        let a = r#"{kind="InClusterIPPool",namespace="default",name="a"}"#;
+        for line in [
+            format!("bitpool_pool_addresses_total{a} 254.0"),
+            format!("bitpool_pool_addresses_used{a} 10.0"),
+            format!("bitpool_pool_addresses_free{a} 246.0"),
+            format!("bitpool_pool_addresses_out_of_range{a} 2.0"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        metrics.forget_pool(&pool("a"));
+        let text = metrics.encode();
+        assert!(!text.contains(r#"name="a""#), "{text}");
+        assert!(text.contains(r#"name="b""#), "{text}");
+    }
+
+    #[test]
+    fn counters_histograms_and_leader_are_exported() {
+        let metrics = Metrics::new();
+        metrics.allocated("IPPool", 3);
+        metrics.allocated("IPPool", 0);
+        metrics.released("IPPool", 1);
+        metrics.ledger_conflict("GlobalInClusterIPPool");
+        metrics.reconciled("InClusterIPPool", Duration::from_millis(3));
+        metrics.reconcile_failed("Metal3Data", "conflict");
+        metrics.set_leader(true);
+        let text = metrics.encode();
+        for line in [
+            r#"bitpool_allocations_total{kind="IPPool"} 3"#,
+            r#"bitpool_releases_total{kind="IPPool"} 1"#,
+            r#"bitpool_ledger_conflicts_total{kind="GlobalInClusterIPPool"} 1"#,
+            r#"bitpool_reconcile_duration_seconds_count{controller="InClusterIPPool"} 1"#,
+            r#"bitpool_reconcile_errors_total{controller="Metal3Data",reason="conflict"} 1"#,
+            "bitpool_leader 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+}

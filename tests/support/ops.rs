@@ -1,0 +1,74 @@
+//! The operational endpoints of a `bitpool run`, read as a prober or a scraper would: with curl.
+
+use super::webhook::free_port;
+
+/// Free ports for one process' health and diagnostics servers, and the flags that use them.
+pub struct Endpoints {
+    pub health: u16,
+    pub diagnostics: u16,
+}
+
+impl Endpoints {
+    pub fn new() -> Self {
+        Self {
+            health: free_port(),
+            diagnostics: free_port(),
+        }
+    }
+
+    /// `--health-addr` and `--diagnostics-address` on 127.0.0.1 (plus `--insecure-diagnostics`
+    /// when `secure` is false).
+    pub fn args(&self, secure: bool) -> Vec<String> {
+        let mut args = vec![
+            format!("--health-addr=127.0.0.1:{}", self.health),
+            format!("--diagnostics-address=127.0.0.1:{}", self.diagnostics),
+        ];
+        if !secure {
+            args.push("--insecure-diagnostics".into());
+        }
+        args
+    }
+
+    pub async fn readyz(&self) -> (u16, String) {
+        get(&format!("http://127.0.0.1:{}/readyz", self.health), None).await
+    }
+
+    pub async fn metrics(&self) -> String {
+        let (status, body) = get(
+            &format!("http://127.0.0.1:{}/metrics", self.diagnostics),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "GET /metrics: {body}");
+        body
+    }
+
+    pub async fn secure_metrics(&self, token: Option<&str>) -> (u16, String) {
+        let url = format!("https://127.0.0.1:{}/metrics", self.diagnostics);
+        get(&url, token).await
+    }
+}
+
+/// GET `url` (any certificate accepted: the diagnostics certificate signs itself); status and
+/// body, status 0 when nothing answered.
+pub async fn get(url: &str, token: Option<&str>) -> (u16, String) {
+    let mut curl = tokio::process::Command::new("curl");
+    curl.args(["-sk", "--max-time", "5", "-w", "\n%{http_code}", url]);
+    if let Some(token) = token {
+        curl.arg("-H").arg(format!("Authorization: Bearer {token}"));
+    }
+    let Ok(output) = curl.output().await else {
+        return (0, "curl did not run".into());
+    };
+    let text = String::from_utf8_lossy(&output.stdout).to_string();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// The value of the sample `series` (name and labels, exactly as exported), if present.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.split(' ').next()?.parse().ok()
+    })
+}
