@@ -109,6 +109,17 @@ pub struct RunArgs {
         default_missing_value = "true"
     )]
     pub enable_bmh_name_based_preallocation: bool,
+    /// Controller groups to run, comma-separated: capi-ipam (InClusterIPPool,
+    /// GlobalInClusterIPPool), metal3-ipam (Metal3 IPPool, IPClaim), metal3-data
+    /// (Metal3DataTemplate, Metal3Data). Only the CRDs of these groups are required.
+    #[arg(
+        long,
+        env = "BITPOOL_CONTROLLERS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "capi-ipam,metal3-ipam,metal3-data"
+    )]
+    pub controllers: Vec<ControllerGroup>,
     /// Reconciles of one controller running at once (0: no limit). Each pool is reconciled by
     /// one at a time, whatever this says.
     #[arg(long, env = "BITPOOL_CONCURRENCY", default_value_t = 10)]
@@ -239,6 +250,21 @@ pub struct WebhookArgs {
     /// default, as upstream: overlapping ranges can be on purpose (NAT, separate sites).
     #[arg(long, env = "BITPOOL_REFUSE_OVERLAPPING_POOLS")]
     pub refuse_overlapping_pools: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ControllerGroup {
+    CapiIpam,
+    Metal3Ipam,
+    Metal3Data,
+}
+
+fn groups(selected: &[ControllerGroup]) -> controllers::Groups {
+    controllers::Groups {
+        capi_ipam: selected.contains(&ControllerGroup::CapiIpam),
+        metal3_ipam: selected.contains(&ControllerGroup::Metal3Ipam),
+        metal3_data: selected.contains(&ControllerGroup::Metal3Data),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -517,8 +543,8 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     let (ops, election) = start_ops(&args, &client).await?;
     // bitpool's own CRDs, and the contract's IPAddressClaim and IPAddress (from Cluster API
     // core, or `bitpool crds --apply --standalone`).
-    let mut required = crds::served();
-    required.extend(crds::standalone());
+    let groups = groups(&args.controllers);
+    let required = crds::required(groups);
     let wait = Duration::from_secs(args.crd_wait_seconds);
     crds::wait_established(&client, &required, wait).await?;
     let contract = crds::served_contract_version(&client).await?;
@@ -534,6 +560,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         watch_filter: args.watch_filter,
         ledger_namespace: args.ledger_namespace,
         bmh_name_based_preallocation: args.enable_bmh_name_based_preallocation,
+        groups,
         concurrency: args.concurrency,
         sync_period: args.sync_period,
     };
@@ -791,6 +818,34 @@ mod tests {
         );
         assert_eq!((set.kube_api_qps.get(), set.kube_api_burst.get()), (20, 30));
         assert!(!run_args(&["--leader-elect=false"]).ops.leader_elect);
+    }
+
+    #[test]
+    fn controller_groups_default_to_all_and_choose_the_crds_required() {
+        assert_eq!(groups(&run_args(&[]).controllers), controllers::Groups::ALL);
+        let capi = groups(&run_args(&["--controllers=capi-ipam"]).controllers);
+        let names = |g| {
+            crds::required(g)
+                .into_iter()
+                .filter_map(|c| c.metadata.name)
+                .collect::<Vec<_>>()
+        };
+        let capi_crds = names(capi);
+        assert_eq!(capi_crds.len(), 4, "{capi_crds:?}");
+        assert!(
+            capi_crds
+                .iter()
+                .all(|n| n.ends_with(".ipam.cluster.x-k8s.io"))
+        );
+        let bundle = groups(&run_args(&["--controllers", "capi-ipam,metal3-ipam"]).controllers);
+        let bundle_crds = names(bundle);
+        assert_eq!(bundle_crds.len(), 7, "{bundle_crds:?}");
+        assert_eq!(names(controllers::Groups::ALL).len(), 10);
+        let refused = Cli::try_parse_from(["bitpool", "run", "--controllers=capm3"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(refused.contains("capi-ipam"), "{refused}");
     }
 
     #[test]

@@ -107,6 +107,31 @@ pub fn served() -> Vec<CustomResourceDefinition> {
     ])
 }
 
+/// The CRDs a process running `groups` needs installed: the CAPI pools and the contract's
+/// claim and address always, the Metal3 IPAM kinds and the Metal3Data kinds with their groups.
+pub fn required(groups: crate::controllers::Groups) -> Vec<CustomResourceDefinition> {
+    let metal3_ipam = [
+        "ippools.ipam.metal3.io",
+        "ipclaims.ipam.metal3.io",
+        "ipaddresses.ipam.metal3.io",
+    ];
+    let metal3_data = [
+        "metal3datatemplates.infrastructure.cluster.x-k8s.io",
+        "metal3datas.infrastructure.cluster.x-k8s.io",
+        "metal3dataclaims.infrastructure.cluster.x-k8s.io",
+    ];
+    let mut required: Vec<CustomResourceDefinition> = served()
+        .into_iter()
+        .filter(|crd| {
+            let name = crd.metadata.name.as_deref().unwrap_or_default();
+            (groups.metal3_kinds() || !metal3_ipam.contains(&name))
+                && (groups.metal3_data || !metal3_data.contains(&name))
+        })
+        .collect();
+    required.extend(standalone());
+    required
+}
+
 /// IPAddressClaim and IPAddress, for running bitpool without CAPI core (which owns them otherwise).
 pub fn standalone() -> Vec<CustomResourceDefinition> {
     finish(vec![

@@ -18,6 +18,9 @@ pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<
     let Some(key) = PoolKey::of_claim(&claim) else {
         return Ok(Action::await_change()); // another provider's claim
     };
+    if key.kind == crate::api::metal3_ipam::POOL_KIND && !ctx.settings.groups.metal3_ipam {
+        return Ok(Action::await_change()); // Metal3 IPAM serves these here
+    }
     if ctx.pool_exists(&key) || objects::is_paused(claim.meta()) {
         return Ok(Action::await_change());
     }

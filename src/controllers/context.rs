@@ -16,6 +16,31 @@ use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
 
+/// Which controllers a process runs (`--controllers`): a CAPI IPAM provider alone, the Metal3
+/// IPAM beside it, and the Metal3Data reconciler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Groups {
+    /// InClusterIPPool and GlobalInClusterIPPool, and claims naming a missing pool of theirs.
+    pub capi_ipam: bool,
+    /// Metal3 IPPools serving IPClaims and IPAddressClaims.
+    pub metal3_ipam: bool,
+    /// Metal3DataTemplate, Metal3DataClaim and Metal3Data.
+    pub metal3_data: bool,
+}
+
+impl Groups {
+    pub const ALL: Groups = Groups {
+        capi_ipam: true,
+        metal3_ipam: true,
+        metal3_data: true,
+    };
+
+    /// Whether the Metal3 IPAM kinds are read (Metal3Data claims addresses from IPPools).
+    pub fn metal3_kinds(self) -> bool {
+        self.metal3_ipam || self.metal3_data
+    }
+}
+
 /// Settings of a running bitpool, from the command line.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -28,6 +53,8 @@ pub struct Settings {
     /// Name the Metal3Data's IP claims `<BareMetalHost>-<pool>`, so that a pool's preAllocations
     /// give each host the same address across re-provisioning.
     pub bmh_name_based_preallocation: bool,
+    /// The controllers this process runs.
+    pub groups: Groups,
     /// Reconciles running at once, per controller (0: no limit).
     pub concurrency: u16,
     /// How often every pool is checked again when nothing happens.
@@ -88,7 +115,9 @@ impl Context {
         match key.kind.as_str() {
             "InClusterIPPool" => cached(&self.pools, key),
             "GlobalInClusterIPPool" => cached(&self.global_pools, key),
-            metal3_ipam::POOL_KIND => cached(&self.ippools, key),
+            metal3_ipam::POOL_KIND if self.settings.groups.metal3_kinds() => {
+                cached(&self.ippools, key)
+            }
             _ => false,
         }
     }
@@ -115,12 +144,17 @@ impl Context {
         ready(&self.addresses).await;
         ready(&self.pools).await;
         ready(&self.global_pools).await;
-        ready(&self.ippools).await;
-        ready(&self.ipclaims).await;
-        ready(&self.metal3_addresses).await;
-        ready(&self.data_templates).await;
-        ready(&self.datas).await;
-        ready(&self.data_claims).await;
+        let groups = self.settings.groups;
+        if groups.metal3_kinds() {
+            ready(&self.ippools).await;
+            ready(&self.ipclaims).await;
+            ready(&self.metal3_addresses).await;
+        }
+        if groups.metal3_data {
+            ready(&self.data_templates).await;
+            ready(&self.datas).await;
+            ready(&self.data_claims).await;
+        }
         if let Some(clusters) = &self.clusters {
             ready(clusters).await;
         }

@@ -44,7 +44,7 @@ use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-pub use context::{CachedSpace, Context, Settings};
+pub use context::{CachedSpace, Context, Groups, Settings};
 pub use error::Error;
 
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
@@ -270,21 +270,32 @@ pub async fn run(
         .debounce(Duration::from_millis(100))
         .concurrency(settings.concurrency);
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let in_cluster =
-        pool_controller(&pools, &caches, &ctx).map(|c| configure(c, &config, &stopped, &ctx));
-    let global = pool_controller(&global_pools, &caches, &ctx)
+    let groups = settings.groups;
+    let in_cluster = pool_controller(&pools, &caches, &ctx)
+        .filter(|_| groups.capi_ipam)
         .map(|c| configure(c, &config, &stopped, &ctx));
-    let metal3 =
-        pool_controller(&ippools, &caches, &ctx).map(|c| configure(c, &config, &stopped, &ctx));
-    let orphan_claims = caches.claims.subscribe().map(|trigger| {
-        let controller = Controller::for_shared_stream(trigger, caches.claims.store.clone());
-        configure(controller, &config, &stopped, &ctx)
-    });
+    let global = pool_controller(&global_pools, &caches, &ctx)
+        .filter(|_| groups.capi_ipam)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let metal3 = pool_controller(&ippools, &caches, &ctx)
+        .filter(|_| groups.metal3_ipam)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let orphan_claims = caches
+        .claims
+        .subscribe()
+        .filter(|_| groups.capi_ipam || groups.metal3_ipam)
+        .map(|trigger| {
+            let controller = Controller::for_shared_stream(trigger, caches.claims.store.clone());
+            configure(controller, &config, &stopped, &ctx)
+        });
     let template_controller = template_controller(&data_templates, &datas, &data_claims)
+        .filter(|_| groups.metal3_data)
         .map(|c| configure(c, &config, &stopped, &ctx));
     let orphan_data_claims = orphan_data_claim_controller(&data_claims, &data_templates, &ctx)
+        .filter(|_| groups.metal3_data)
         .map(|c| configure(c, &config, &stopped, &ctx));
     let data_controller = data_controller(&datas, &data_claims, &caches, &ctx)
+        .filter(|_| groups.metal3_data)
         .map(|c| configure(c, &config, &stopped, &ctx));
 
     caches
@@ -293,21 +304,26 @@ pub async fn run(
     caches
         .addresses
         .start(api(&client, ns), watch_config(&settings, false));
-    caches
-        .ipclaims
-        .start(api(&client, ns), watch_config(&settings, true));
-    caches
-        .metal3_addresses
-        .start(api(&client, ns), watch_config(&settings, false));
     if let Some(clusters) = caches.clusters.as_mut() {
         clusters.start(api(&client, ns), watch_config(&settings, false));
     }
     pools.start(api(&client, ns), watch_config(&settings, true));
     global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
-    ippools.start(api(&client, ns), watch_config(&settings, true));
-    data_templates.start(api(&client, ns), watch_config(&settings, true));
-    datas.start(api(&client, ns), watch_config(&settings, true));
-    data_claims.start(api(&client, ns), watch_config(&settings, true));
+    // Kinds of a group that is off may have no CRD: their caches stay empty and unwatched.
+    if groups.metal3_kinds() {
+        caches
+            .ipclaims
+            .start(api(&client, ns), watch_config(&settings, true));
+        caches
+            .metal3_addresses
+            .start(api(&client, ns), watch_config(&settings, false));
+        ippools.start(api(&client, ns), watch_config(&settings, true));
+    }
+    if groups.metal3_data {
+        data_templates.start(api(&client, ns), watch_config(&settings, true));
+        datas.start(api(&client, ns), watch_config(&settings, true));
+        data_claims.start(api(&client, ns), watch_config(&settings, true));
+    }
 
     let in_cluster = async {
         if let Some(c) = in_cluster {
@@ -388,7 +404,7 @@ pub async fn run(
         stopping.begin_shutdown();
         let _ = stop.send(true);
     };
-    tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, "controllers started");
+    tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, groups = ?groups, "controllers started");
     future::join(
         future::join5(in_cluster, global, metal3, orphan_claims, metal3_data),
         stop_on_shutdown,
