@@ -31,6 +31,12 @@ API_PORT=${BITPOOL_CP_PORT:-16443}
 ETCD_PORT=${BITPOOL_ETCD_PORT:-12379}
 ETCD_PEER_PORT=$((ETCD_PORT + 1))
 KUBECONFIG_PATH=$STATE_DIR/kubeconfig
+# What a running plane must match to be reused: versions and the flags that matter. The
+# OwnerReferencesPermissionEnforcement admission plugin, as hardened clusters run it, so that the
+# RBAC test sees what they see. Aggregator routing: webhooks and conversions that name a Service
+# go to its endpoints, and no pod runs here, so the call fails at once instead of being sent to
+# the Service's cluster IP or DNS name, which are not on this machine.
+PLANE_ID="$K8S_VERSION $ETCD_VERSION OwnerReferencesPermissionEnforcement aggregator-routing"
 # The oldest Go that builds the pinned releases.
 GO_MIN=1.26
 
@@ -172,7 +178,7 @@ up() {
   mkdir -p "$STATE_DIR"
   exec 9>"$STATE_DIR/lock"
   flock -w 600 9 || die "another hack/control-plane.sh up holds $STATE_DIR/lock"
-  if running && [ "$(cat "$STATE_DIR/version" 2>/dev/null)" = "$K8S_VERSION $ETCD_VERSION" ]; then
+  if running && [ "$(cat "$STATE_DIR/version" 2>/dev/null)" = "$PLANE_ID" ]; then
     echo "$KUBECONFIG_PATH"
     return 0
   fi
@@ -227,6 +233,8 @@ EOF
     --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
     --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
     --authorization-mode RBAC \
+    --enable-admission-plugins OwnerReferencesPermissionEnforcement \
+    --enable-aggregator-routing=true \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
     --client-ca-file "$pki/ca.crt"
@@ -242,7 +250,7 @@ EOF
   sleep 1
   pid_alive "$STATE_DIR/kube-controller-manager.pid" ||
     { tail -n 20 "$STATE_DIR/kube-controller-manager.log" >&2; down_quiet; die "kube-controller-manager exited at start"; }
-  echo "$K8S_VERSION $ETCD_VERSION" >"$STATE_DIR/version"
+  echo "$PLANE_ID" >"$STATE_DIR/version"
   log "ready (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION): export KUBECONFIG=$KUBECONFIG_PATH"
   echo "$KUBECONFIG_PATH"
 }

@@ -32,9 +32,26 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the CRDs of the kinds bitpool serves, write them to a directory, or apply them.
     Crds(CrdsArgs),
+    /// Print the RBAC roles bitpool needs for the given controller groups.
+    Rbac(RbacArgs),
     /// Write InClusterIPPools that replace Metal3 IPPools, pinning every allocated address to its
     /// claim name so that no address changes. Prints the manifests unless --apply is given.
     Migrate(MigrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RbacArgs {
+    /// The controller groups the roles are for (as `run --controllers`).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "capi-ipam,metal3-ipam,metal3-data"
+    )]
+    pub controllers: Vec<ControllerGroup>,
+    /// Write the roles to this file instead of printing them.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -248,7 +265,14 @@ pub struct WebhookArgs {
     pub tls_cipher_suites: Vec<String>,
     /// Refuse a pool whose addresses overlap another pool's (any kind, any namespace). Off by
     /// default, as upstream: overlapping ranges can be on purpose (NAT, separate sites).
-    #[arg(long, env = "BITPOOL_REFUSE_OVERLAPPING_POOLS")]
+    #[arg(
+        long,
+        env = "BITPOOL_REFUSE_OVERLAPPING_POOLS",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
     pub refuse_overlapping_pools: bool,
 }
 
@@ -307,6 +331,8 @@ pub enum Error {
     Stdout(#[source] std::io::Error),
     #[error("cannot read {path}: {reason}")]
     Input { path: String, reason: String },
+    #[error("cannot write {path}: {reason}")]
+    Output { path: String, reason: String },
     #[error("cannot list {what}: {source}")]
     List {
         what: &'static str,
@@ -335,6 +361,7 @@ pub enum Error {
 pub async fn execute(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Run(args) => run(*args).await,
+        Command::Rbac(args) => rbac_command(args),
         Command::Crds(args) => crds_command(args).await,
         Command::Migrate(args) => migrate_command(args).await,
     }
@@ -515,6 +542,18 @@ async fn crds_command(args: CrdsArgs) -> Result<(), Error> {
     std::io::stdout()
         .write_all(crds::to_yaml_stream(&selected)?.as_bytes())
         .map_err(Error::Stdout)
+}
+
+fn rbac_command(args: RbacArgs) -> Result<(), Error> {
+    let yaml = crate::rbac::to_yaml(groups(&args.controllers)).map_err(Error::Render)?;
+    match args.out {
+        Some(path) => std::fs::write(&path, yaml).map_err(|e| Error::Output {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        }),
+        None => std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes())
+            .map_err(Error::Stdout),
+    }
 }
 
 fn init_tracing(format: LogFormat, level: tracing::Level) {

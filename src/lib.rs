@@ -8,6 +8,7 @@
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
 //! - [`webhook`]: the admission and conversion webhooks.
 //! - [`ops`]: health probes, metrics, leader election and Events.
+//! - [`rbac`]: the RBAC rules each controller group needs.
 //! - [`net`]: the HTTP(S) listener and TLS the servers share.
 //! - [`cli`]: the `bitpool` command line.
 
@@ -20,5 +21,6 @@ pub mod crds;
 pub mod migrate;
 pub mod net;
 pub mod ops;
+pub mod rbac;
 pub mod render;
 pub mod webhook;

@@ -53,17 +53,7 @@ async fn nothing_is_written_at_rest() {
     })
     .await;
     wait_claim(&env, "tiny-2", "exhausted", |c| c.reason == "PoolExhausted").await;
-    let ipclaims: Api<IPClaim> = env.api();
-    eventually("the IPClaim is served", WAIT, || async {
-        ipclaims
-            .get("ipclaim-on-m3")
-            .await
-            .ok()?
-            .status?
-            .address
-            .map(|_| ())
-    })
-    .await;
+    wait_ipclaim(&env, "ipclaim-on-m3").await;
 
     // Settled: a few seconds for the last status writes, then 30 s of nothing.
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -183,6 +183,15 @@ pub async fn wait_claim(
     .await
 }
 
+/// Waits until the IPClaim `name` names its address.
+pub async fn wait_ipclaim(env: &Env, name: &str) {
+    let ipclaims: Api<IPClaim> = env.api();
+    eventually(&format!("IPClaim {name} served"), WAIT, || async {
+        ipclaims.get(name).await.ok()?.status?.address.map(|_| ())
+    })
+    .await;
+}
+
 /// Every claim of `pool` has its own address object, no address is held twice, and the pool's
 /// ledger lists exactly the live address objects with nothing pending. `expected` is the number
 /// of claims that must hold an address.

@@ -4,6 +4,7 @@
 
 pub mod ipam;
 pub mod ops;
+pub mod plane;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
@@ -66,7 +67,11 @@ pub fn kubeconfig_path() -> &'static PathBuf {
 }
 
 pub async fn client() -> Client {
-    let path = kubeconfig_path();
+    client_for(kubeconfig_path()).await
+}
+
+/// A client of the cluster of the kubeconfig at `path`.
+pub async fn client_for(path: &Path) -> Client {
     let kubeconfig = Kubeconfig::read_from(path)
         .unwrap_or_else(|e| panic!("read kubeconfig {}: {e}", path.display()));
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -106,10 +111,17 @@ pub async fn install_all_crds(client: &Client) -> bool {
 /// A namespace of its own for one test, deleted when dropped (also when the test panics).
 pub struct TestNamespace {
     pub name: String,
+    /// The cluster it is in.
+    kubeconfig: PathBuf,
 }
 
 impl TestNamespace {
     pub async fn new(client: &Client, prefix: &str) -> Self {
+        Self::in_cluster(client, kubeconfig_path(), prefix).await
+    }
+
+    /// A namespace in the cluster of `kubeconfig` (whose client is `client`).
+    pub async fn in_cluster(client: &Client, kubeconfig: &Path, prefix: &str) -> Self {
         let name = format!("{prefix}-{:08x}", rand::random::<u32>());
         let api: Api<Namespace> = Api::all(client.clone());
         let ns = Namespace {
@@ -123,15 +135,19 @@ impl TestNamespace {
         api.create(&PostParams::default(), &ns)
             .await
             .expect("create test namespace");
-        Self { name }
+        Self {
+            name,
+            kubeconfig: kubeconfig.to_path_buf(),
+        }
     }
 }
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let kubeconfig = self.kubeconfig.clone();
         run_to_completion(async move {
-            let client = client().await;
+            let client = client_for(&kubeconfig).await;
             let api: Api<Namespace> = Api::all(client.clone());
             let _ = api.delete(&name, &DeleteParams::background()).await;
             release_finalizers(&client, &name).await;
@@ -327,6 +343,16 @@ impl Env {
             return None;
         }
         let ns = TestNamespace::new(&client, prefix).await;
+        Some(Self { client, ns })
+    }
+
+    /// A test namespace in the cluster of `kubeconfig` (a dedicated control plane).
+    pub async fn in_cluster(kubeconfig: &Path, prefix: &str) -> Option<Self> {
+        let client = client_for(kubeconfig).await;
+        if !install_all_crds(&client).await {
+            return None;
+        }
+        let ns = TestNamespace::in_cluster(&client, kubeconfig, prefix).await;
         Some(Self { client, ns })
     }
 

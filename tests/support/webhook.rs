@@ -1,6 +1,6 @@
 //! bitpool's webhooks as the test control plane calls them: a CA and a serving certificate for
 //! 127.0.0.1, a bitpool serving HTTPS on a free port, the shipped webhook configurations
-//! (`config/webhook/manifests.yaml`) pointed at it and limited to one test's objects, and the
+//! (`config/webhook/*/manifests.yaml`) pointed at it and limited to one test's objects, and the
 //! pool CRDs converting through it.
 
 use std::path::PathBuf;
@@ -131,21 +131,32 @@ impl Served {
 /// The shipped webhook configurations, pointed at `served`, for this test's objects only;
 /// removed when dropped.
 pub struct Registered {
-    name: String,
+    /// The configurations made: kind and name.
+    made: Vec<(String, String)>,
 }
+
+/// Every webhook configuration bitpool ships, whichever components file carries it.
+pub const MANIFESTS: [&str; 3] = [
+    "config/webhook/capi/manifests.yaml",
+    "config/webhook/metal3/manifests.yaml",
+    "config/webhook/metal3data/manifests.yaml",
+];
 
 impl Registered {
     pub async fn new(env: &Env, served: &Served) -> Self {
         static REGISTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = REGISTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let name = format!("bitpool-test-{}-{n}", env.name());
-        let text = std::fs::read_to_string(root().join("config/webhook/manifests.yaml"))
-            .expect("read config/webhook/manifests.yaml");
-        let documents: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&text).expect("webhook manifests parse");
+        let mut made = Vec::new();
         let params = PatchParams::apply("bitpool-test").force();
-        for mut document in documents {
+        let documents = MANIFESTS.iter().flat_map(|file| {
+            let text = std::fs::read_to_string(root().join(file))
+                .unwrap_or_else(|e| panic!("read {file}: {e}"));
+            serde_saphyr::from_multiple::<serde_json::Value>(&text)
+                .unwrap_or_else(|e| panic!("{file} parses: {e}"))
+        });
+        for (i, mut document) in documents.enumerate() {
             let kind = document["kind"].as_str().unwrap_or_default().to_string();
+            let name = format!("bitpool-test-{}-{n}-{i}", env.name());
             document["metadata"]["name"] = name.clone().into();
             for hook in document["webhooks"].as_array_mut().into_iter().flatten() {
                 let path = hook["clientConfig"]["service"]["path"].clone();
@@ -161,8 +172,9 @@ impl Registered {
             api.patch(&name, &params, &Patch::Apply(&document))
                 .await
                 .unwrap_or_else(|e| panic!("register {kind}: {e}"));
+            made.push((kind, name));
         }
-        Self { name }
+        Self { made }
     }
 }
 
@@ -197,16 +209,23 @@ impl Registered {
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        let name = self.name.clone();
+        let made = std::mem::take(&mut self.made);
         run_to_completion(async move {
             let client = super::client().await;
             let dp = DeleteParams::default();
-            let _ = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                .delete(&name, &dp)
-                .await;
-            let _ = Api::<MutatingWebhookConfiguration>::all(client)
-                .delete(&name, &dp)
-                .await;
+            for (kind, name) in made {
+                let _ = if kind == "MutatingWebhookConfiguration" {
+                    Api::<MutatingWebhookConfiguration>::all(client.clone())
+                        .delete(&name, &dp)
+                        .await
+                        .map(|_| ())
+                } else {
+                    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                        .delete(&name, &dp)
+                        .await
+                        .map(|_| ())
+                };
+            }
         });
     }
 }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds the upstream tools bitpool's release and tests use, from the Go module proxy with the
+# machine's Go, once, into $BITPOOL_CACHE_DIR (outside the checkout), and prints the path.
+#
+#   hack/tools.sh clusterctl   sigs.k8s.io/cluster-api/cmd/clusterctl at $BITPOOL_CAPI_VERSION
+#   hack/tools.sh kustomize    sigs.k8s.io/kustomize/kustomize/v5 at $BITPOOL_KUSTOMIZE_VERSION
+set -euo pipefail
+HACK_DIR=$(cd "${0%/*}" && pwd)
+# shellcheck source=hack/versions.env
+. "$HACK_DIR/versions.env"
+CACHE_DIR=${BITPOOL_CACHE_DIR:-$HOME/.cache/bitpool}
+
+die() { echo "tools: $*" >&2; exit 1; }
+
+go_env() {
+  command -v go >/dev/null 2>&1 || die "Go is needed to build $1 (see README: prerequisites)"
+  export GOMODCACHE=$CACHE_DIR/go/mod GOCACHE=$CACHE_DIR/go/build GOFLAGS=-modcacherw GOTOOLCHAIN=local
+}
+
+# clusterctl lives in the cluster-api module, which takes its api module by a local replace:
+# a scratch module pins that api module to the same release.
+build_clusterctl() {
+  local out=$1 work=$CACHE_DIR/build/clusterctl minor
+  minor=$(echo "$BITPOOL_CAPI_VERSION" | cut -d. -f2)
+  rm -rf "$work" && mkdir -p "$work" && cd "$work"
+  go mod init bitpool.test/clusterctl >/dev/null 2>&1
+  go mod edit -require "sigs.k8s.io/cluster-api@$BITPOOL_CAPI_VERSION" \
+    -replace "sigs.k8s.io/cluster-api/api=sigs.k8s.io/cluster-api/api@$BITPOOL_CAPI_VERSION"
+  echo "tools: building clusterctl $BITPOOL_CAPI_VERSION (a few minutes, once)" >&2
+  { go get "sigs.k8s.io/cluster-api/cmd/clusterctl@$BITPOOL_CAPI_VERSION" &&
+    go build -trimpath -o "$out" -ldflags "-s -w \
+      -X sigs.k8s.io/cluster-api/version.gitVersion=$BITPOOL_CAPI_VERSION \
+      -X sigs.k8s.io/cluster-api/version.gitMajor=1 -X sigs.k8s.io/cluster-api/version.gitMinor=$minor" \
+      sigs.k8s.io/cluster-api/cmd/clusterctl; } >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building clusterctl failed (log: $work/build.log)"; }
+}
+
+build_kustomize() {
+  local out=$1 work=$CACHE_DIR/build/kustomize
+  rm -rf "$work" && mkdir -p "$work"
+  echo "tools: building kustomize $BITPOOL_KUSTOMIZE_VERSION (a minute, once)" >&2
+  GOBIN=$work go install "sigs.k8s.io/kustomize/kustomize/v5@$BITPOOL_KUSTOMIZE_VERSION" >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building kustomize failed (log: $work/build.log)"; }
+  mv "$work/kustomize" "$out"
+}
+
+tool=${1:-}
+case "$tool" in
+  clusterctl) version=$BITPOOL_CAPI_VERSION ;;
+  kustomize) version=$BITPOOL_KUSTOMIZE_VERSION ;;
+  *) die "usage: $0 clusterctl|kustomize" ;;
+esac
+bin=$CACHE_DIR/tools/$tool-$version/$tool
+if [ ! -x "$bin" ]; then
+  mkdir -p "$(dirname "$bin")"
+  exec 9>"$CACHE_DIR/tools/.lock" && flock 9
+  if [ ! -x "$bin" ]; then
+    go_env "$tool"
+    "build_$tool" "$bin.tmp"
+    mv "$bin.tmp" "$bin"
+    # The build cache is large and not needed again.
+    chmod -R u+w "$CACHE_DIR/build" 2>/dev/null || true
+    rm -rf "$CACHE_DIR/build/$tool"
+  fi
+fi
+echo "$bin"

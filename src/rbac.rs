@@ -1,0 +1,318 @@
+//! The RBAC bitpool needs, written down once next to the reasons for each rule, for each choice
+//! of controller groups. `bitpool rbac` prints it; `config/rbac/*/role.yaml` are its output (a
+//! test keeps them in step), and a test runs bitpool under exactly these rules with the
+//! OwnerReferencesPermissionEnforcement admission plugin on.
+
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use kube::api::ObjectMeta;
+
+use crate::controllers::Groups;
+
+const CAPI_IPAM: &str = "ipam.cluster.x-k8s.io";
+const METAL3_IPAM: &str = "ipam.metal3.io";
+const INFRASTRUCTURE: &str = "infrastructure.cluster.x-k8s.io";
+
+/// Reading a kind the way the watch caches do.
+const WATCH: &[&str] = &["get", "list", "watch"];
+
+/// One rule, and why bitpool needs it.
+struct Rule {
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+}
+
+fn rule(
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+) -> Rule {
+    Rule {
+        group,
+        resources,
+        verbs,
+    }
+}
+
+/// The cluster-wide rules for `groups`.
+fn cluster_rules(groups: Groups) -> Vec<Rule> {
+    let mut rules = vec![
+        // Claims are served in every namespace; the finalizer and the status are patched.
+        // `…/finalizers` because their IPAddress names them as owner with blockOwnerDeletion.
+        rule(
+            CAPI_IPAM,
+            &["ipaddressclaims"],
+            &["get", "list", "watch", "patch"],
+        ),
+        rule(CAPI_IPAM, &["ipaddressclaims/status"], &["patch"]),
+        rule(CAPI_IPAM, &["ipaddressclaims/finalizers"], &["update"]),
+        rule(
+            CAPI_IPAM,
+            &["ipaddresses"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        // Pools are read by every group (Metal3Data and the admission webhooks name them).
+        rule(
+            CAPI_IPAM,
+            &["inclusterippools", "globalinclusterippools"],
+            WATCH,
+        ),
+        // A paused Cluster pauses its claims; the Cluster API version is found from the CRDs.
+        rule("cluster.x-k8s.io", &["clusters"], WATCH),
+        rule(
+            "apiextensions.k8s.io",
+            &["customresourcedefinitions"],
+            &["get"],
+        ),
+        // The ledger namespace is created if missing; a terminating namespace lets its pools go.
+        rule("", &["namespaces"], &["get", "create"]),
+        rule("events.k8s.io", &["events"], &["create", "patch"]),
+        // The secure /metrics endpoint asks the API server who calls and whether they may.
+        rule("authentication.k8s.io", &["tokenreviews"], &["create"]),
+        rule(
+            "authorization.k8s.io",
+            &["subjectaccessreviews"],
+            &["create"],
+        ),
+    ];
+    if groups.capi_ipam {
+        let pools = &["inclusterippools", "globalinclusterippools"];
+        rules.push(rule(CAPI_IPAM, pools, &["patch"]));
+        rules.push(rule(
+            CAPI_IPAM,
+            &["inclusterippools/status", "globalinclusterippools/status"],
+            &["patch"],
+        ));
+        rules.push(rule(
+            CAPI_IPAM,
+            &[
+                "inclusterippools/finalizers",
+                "globalinclusterippools/finalizers",
+            ],
+            &["update"],
+        ));
+    }
+    if groups.metal3_kinds() {
+        rules.push(rule(METAL3_IPAM, &["ippools"], WATCH));
+        rules.push(rule(
+            METAL3_IPAM,
+            &["ipaddresses"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ));
+        rules.push(rule(
+            METAL3_IPAM,
+            &["ipclaims"],
+            &["get", "list", "watch", "patch"],
+        ));
+        rules.push(rule(METAL3_IPAM, &["ipclaims/status"], &["patch"]));
+    }
+    if groups.metal3_ipam {
+        // Claims of IPClaims proxied to a CAPI pool are IPAddressClaims owned by the IPClaim.
+        rules.push(rule(CAPI_IPAM, &["ipaddressclaims"], &["create", "delete"]));
+        rules.push(rule(METAL3_IPAM, &["ippools"], &["patch"]));
+        rules.push(rule(METAL3_IPAM, &["ippools/status"], &["patch"]));
+        rules.push(rule(
+            METAL3_IPAM,
+            &["ippools/finalizers", "ipclaims/finalizers"],
+            &["update"],
+        ));
+    }
+    if groups.metal3_data {
+        let kinds = &["metal3datatemplates", "metal3datas", "metal3dataclaims"];
+        rules.push(rule(
+            INFRASTRUCTURE,
+            kinds,
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ));
+        rules.push(rule(
+            INFRASTRUCTURE,
+            &[
+                "metal3datatemplates/status",
+                "metal3datas/status",
+                "metal3dataclaims/status",
+            ],
+            &["patch"],
+        ));
+        rules.push(rule(
+            INFRASTRUCTURE,
+            &[
+                "metal3datatemplates/finalizers",
+                "metal3datas/finalizers",
+                "metal3dataclaims/finalizers",
+            ],
+            &["update"],
+        ));
+        // A host's data is rendered from its Metal3Machine, Machine and BareMetalHost.
+        rules.push(rule(INFRASTRUCTURE, &["metal3machines"], &["get"]));
+        rules.push(rule("cluster.x-k8s.io", &["machines"], &["get"]));
+        rules.push(rule("metal3.io", &["baremetalhosts"], &["get"]));
+        // Its IP claims: IPAddressClaims and IPClaims owned by the Metal3Data.
+        rules.push(rule(CAPI_IPAM, &["ipaddressclaims"], &["create", "delete"]));
+        rules.push(rule(METAL3_IPAM, &["ipclaims"], &["create", "delete"]));
+        // The rendered metaData and networkData (deleted with their Metal3Data by the GC).
+        rules.push(rule("", &["secrets"], &["get", "create"]));
+    }
+    rules
+}
+
+/// The rules in bitpool's own namespace: the pools' ledgers and the leader lease.
+fn namespace_rules() -> Vec<Rule> {
+    vec![
+        rule("", &["configmaps"], &["get", "create", "update", "delete"]),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "list", "watch", "create", "patch"],
+        ),
+    ]
+}
+
+/// Rules of one group and resource set merged, verbs in a fixed order, so that the output is
+/// short and stable.
+fn policy_rules(rules: Vec<Rule>) -> Vec<PolicyRule> {
+    const ORDER: [&str; 7] = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    let mut merged: Vec<(&str, &[&str], Vec<&str>)> = Vec::new();
+    for rule in rules {
+        match merged
+            .iter_mut()
+            .find(|(g, r, _)| *g == rule.group && *r == rule.resources)
+        {
+            Some((_, _, verbs)) => verbs.extend(rule.verbs),
+            None => merged.push((rule.group, rule.resources, rule.verbs.to_vec())),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(group, resources, verbs)| PolicyRule {
+            api_groups: Some(vec![group.to_string()]),
+            resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+            verbs: ORDER
+                .iter()
+                .filter(|v| verbs.contains(v))
+                .map(|v| v.to_string())
+                .collect(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The ClusterRole `manager-role` and the Role `ledger-role` (in the `system` namespace,
+/// which kustomize renames) for `groups`.
+pub fn roles(groups: Groups) -> (ClusterRole, Role) {
+    let cluster = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some("manager-role".into()),
+            ..Default::default()
+        },
+        rules: Some(policy_rules(cluster_rules(groups))),
+        ..Default::default()
+    };
+    let namespaced = Role {
+        metadata: ObjectMeta {
+            name: Some("ledger-role".into()),
+            namespace: Some("system".into()),
+            ..Default::default()
+        },
+        rules: Some(policy_rules(namespace_rules())),
+    };
+    (cluster, namespaced)
+}
+
+/// The roles as a YAML stream, with a header saying where they come from.
+pub fn to_yaml(groups: Groups) -> Result<String, serde_saphyr::SerializeError> {
+    let (cluster, namespaced) = roles(groups);
+    let mut out = String::from(
+        "# Generated by `bitpool rbac`: what the code calls, and nothing else. Do not edit.\n",
+    );
+    out.push_str(&serde_saphyr::to_string(&cluster)?);
+    out.push_str("---\n");
+    out.push_str(&serde_saphyr::to_string(&namespaced)?);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allows(groups: Groups, group: &str, resource: &str, verb: &str) -> bool {
+        let (cluster, _) = roles(groups);
+        cluster.rules.unwrap_or_default().iter().any(|r| {
+            r.api_groups.iter().flatten().any(|g| g == group)
+                && r.resources.iter().flatten().any(|x| x == resource)
+                && r.verbs.iter().any(|v| v == verb)
+        })
+    }
+
+    const CAPI_ONLY: Groups = Groups {
+        capi_ipam: true,
+        metal3_ipam: false,
+        metal3_data: false,
+    };
+
+    #[test]
+    fn a_capi_ipam_provider_reads_no_metal3_kind_and_no_secret() {
+        assert!(allows(
+            CAPI_ONLY,
+            CAPI_IPAM,
+            "inclusterippools/finalizers",
+            "update"
+        ));
+        assert!(allows(CAPI_ONLY, CAPI_IPAM, "ipaddresses", "create"));
+        assert!(!allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "create"));
+        assert!(!allows(CAPI_ONLY, METAL3_IPAM, "ipclaims", "list"));
+        assert!(!allows(CAPI_ONLY, "", "secrets", "get"));
+        assert!(!allows(CAPI_ONLY, INFRASTRUCTURE, "metal3datas", "list"));
+    }
+
+    #[test]
+    fn metal3_data_may_create_secrets_but_never_delete_or_list_them() {
+        assert!(allows(Groups::ALL, "", "secrets", "create"));
+        assert!(!allows(Groups::ALL, "", "secrets", "delete"));
+        assert!(!allows(Groups::ALL, "", "secrets", "list"));
+        assert!(allows(
+            Groups::ALL,
+            INFRASTRUCTURE,
+            "metal3datas/finalizers",
+            "update"
+        ));
+    }
+
+    /// `config/rbac/*/role.yaml` must be exactly what the code generates (regenerate with the
+    /// command in each folder's kustomization.yaml).
+    #[test]
+    fn shipped_roles_are_the_generated_ones() {
+        let bundle = Groups {
+            metal3_data: false,
+            ..Groups::ALL
+        };
+        for (folder, groups) in [("capi-ipam", CAPI_ONLY), ("baremetal", bundle)] {
+            let path = format!(
+                "{}/config/rbac/{folder}/role.yaml",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let shipped = std::fs::read_to_string(&path).unwrap_or_default();
+            let generated = to_yaml(groups).expect("the roles serialise");
+            assert!(
+                shipped == generated,
+                "{path} differs from `bitpool rbac`; regenerate it"
+            );
+        }
+    }
+
+    #[test]
+    fn rules_are_merged_and_verbs_ordered() {
+        let (cluster, _) = roles(Groups::ALL);
+        let rules = cluster.rules.unwrap_or_default();
+        let claims: Vec<_> = rules
+            .iter()
+            .filter(|r| r.resources.as_deref() == Some(&["ipaddressclaims".to_string()][..]))
+            .collect();
+        assert_eq!(claims.len(), 1, "{claims:?}");
+        assert_eq!(
+            claims[0].verbs,
+            ["get", "list", "watch", "create", "patch", "delete"]
+        );
+    }
+}

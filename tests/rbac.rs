@@ -1,0 +1,267 @@
+//! bitpool under exactly the RBAC it ships: the bare-metal bundle's components (as
+//! hack/release.sh renders them, variables at their defaults) applied to a control plane of the
+//! test's own, whose API server enforces OwnerReferencesPermissionEnforcement, and `bitpool run`
+//! with the components' ServiceAccount token, as the Deployment runs it (leader election, secure
+//! metrics). Every pool kind serves and releases claims of both kinds, and no request of bitpool's
+//! is forbidden; what the role leaves out stays out of reach.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use bitpool::api::capi::IPAddressClaim;
+use bitpool::api::metal3_ipam::IPClaim;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use support::ipam::*;
+use support::ops::Endpoints;
+use support::plane::Dedicated;
+use support::{Env, eventually, root};
+
+const NAMESPACE: &str = "bitpool-system";
+
+/// `${VAR:=default}` → `default`, as clusterctl substitutes variables nobody set.
+fn defaults(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let Some(end) = rest[start..].find('}') else {
+            break;
+        };
+        let variable = &rest[start + 2..start + end];
+        out.push_str(variable.split_once(":=").map_or("", |(_, d)| d));
+        rest = &rest[start + end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The bundle's components applied with kubectl, less the webhook configurations (no pod runs
+/// here to answer them; the webhook tests cover them).
+fn apply_components(plane: &Dedicated) {
+    let release = plane.dir.join("release");
+    let status = Command::new(root().join("hack/release.sh"))
+        .arg("v0.2.1")
+        .arg(&release)
+        .status()
+        .expect("run hack/release.sh");
+    assert!(status.success(), "hack/release.sh failed");
+    let rendered = release.join("ipam-bitpool-baremetal/v0.2.1/ipam-components.yaml");
+    let text = std::fs::read_to_string(&rendered).expect("the rendered components");
+    let applied = plane.dir.join("components.yaml");
+    std::fs::write(&applied, defaults(&text)).expect("write the components");
+    let kubectl = |args: &[&str]| {
+        let output = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .output()
+            .expect("run kubectl");
+        assert!(
+            output.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let path = applied.to_str().expect("a UTF-8 path");
+    kubectl(&["apply", "--server-side", "-f", path]);
+    kubectl(&[
+        "delete",
+        "validatingwebhookconfigurations,mutatingwebhookconfigurations",
+        "-l",
+        "cluster.x-k8s.io/provider=ipam-bitpool-baremetal",
+    ]);
+}
+
+async fn token(client: &Client, namespace: &str, account: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let request: TokenRequest = serde_json::from_value(json!({
+        "spec": { "audiences": [], "expirationSeconds": 3600 }
+    }))
+    .expect("a TokenRequest");
+    accounts
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("a token for {namespace}/{account}: {e}"))
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default()
+}
+
+/// A kubeconfig that is the ServiceAccount `bitpool-manager`, as its pod would be.
+async fn service_account_kubeconfig(plane: &Dedicated, client: &Client) -> PathBuf {
+    let token = token(client, NAMESPACE, "bitpool-manager").await;
+    let admin = std::fs::read_to_string(&plane.kubeconfig).expect("the admin kubeconfig");
+    let server = admin
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("a server");
+    let ca = plane.dir.join("pki/ca.crt");
+    let path = plane.dir.join("bitpool-manager.kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: plane\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: bitpool-manager\n  user:\n    token: {token}\ncontexts:\n- name: sa\n  context: {{cluster: plane, user: bitpool-manager}}\ncurrent-context: sa\n",
+        ca.display()
+    );
+    std::fs::write(&path, text).expect("write the ServiceAccount kubeconfig");
+    path
+}
+
+struct Running {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `bitpool run` with the Deployment's flags, as the ServiceAccount.
+fn run_as(kubeconfig: &Path, endpoints: &Endpoints) -> Running {
+    let dir = root().join("target/test-logs");
+    std::fs::create_dir_all(&dir).expect("create target/test-logs");
+    let log = dir.join("bitpool-rbac.log");
+    let file = std::fs::File::create(&log).expect("create the log");
+    let child = Command::new(env!("CARGO_BIN_EXE_bitpool"))
+        .args([
+            "run",
+            "--controllers=capi-ipam,metal3-ipam",
+            "--leader-elect",
+        ])
+        .args(endpoints.args(true))
+        .arg("--webhook-port=0")
+        .env("KUBECONFIG", kubeconfig)
+        .env("BITPOOL_LEDGER_NAMESPACE", NAMESPACE)
+        .env("RUST_LOG", "info,bitpool=debug")
+        .stdout(file.try_clone().expect("log handle"))
+        .stderr(file)
+        .spawn()
+        .expect("start bitpool");
+    Running { child, log }
+}
+
+/// Claims of both kinds on pools of every kind, served and released.
+async fn serve_every_pool_kind(env: &Env) {
+    capi_pool(env, "capi", capi_spec(&["10.90.0.0/24"], 24)).await;
+    let global = global_pool(env, "global", capi_spec(&["10.91.0.0/24"], 24)).await;
+    metal3_pool(env, "m3", metal3_spec("10.92.0.10", "10.92.0.20", 24)).await;
+    claim(env, "on-capi", "InClusterIPPool", "capi").await;
+    claim(env, "on-global", "GlobalInClusterIPPool", &global).await;
+    claim(env, "on-m3", "IPPool", "m3").await;
+    ipclaim(env, "ipclaim-on-m3", "m3").await;
+    for name in ["on-capi", "on-global", "on-m3"] {
+        wait_claim(env, name, "served", |c| c.status == "True").await;
+    }
+    wait_ipclaim(env, "ipclaim-on-m3").await;
+    let ipclaims: Api<IPClaim> = env.api();
+
+    let claims: Api<IPAddressClaim> = env.api();
+    for name in ["on-capi", "on-global", "on-m3"] {
+        claims
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete a claim");
+    }
+    ipclaims
+        .delete("ipclaim-on-m3", &DeleteParams::default())
+        .await
+        .expect("delete the IPClaim");
+    eventually("every claim released", WAIT, || async {
+        let left = claims.list(&ListParams::default()).await.ok()?.items.len()
+            + ipclaims
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .len();
+        (left == 0).then_some(())
+    })
+    .await;
+    let globals: Api<bitpool::api::capi_pools::GlobalInClusterIPPool> =
+        Api::all(env.client.clone());
+    let _ = globals.delete(&global, &DeleteParams::default()).await;
+}
+
+#[tokio::test]
+async fn the_shipped_service_account_serves_every_pool_kind_under_owner_reference_enforcement() {
+    let plane = Dedicated::start("rbac");
+    let admin = plane.client().await;
+    let stand_in =
+        support::read_crds(&root().join("tests/fixtures/clusterctl/cert-manager-crds.yaml"));
+    support::install_crds(&admin, &stand_in).await;
+    apply_components(&plane);
+    let Some(env) = Env::in_cluster(&plane.kubeconfig, "tenant").await else {
+        return;
+    };
+    let kubeconfig = service_account_kubeconfig(&plane, &admin).await;
+    let endpoints = Endpoints::new();
+    let bitpool = run_as(&kubeconfig, &endpoints);
+    eventually("bitpool ready as its ServiceAccount", WAIT, || async {
+        (endpoints.readyz().await.0 == 200).then_some(())
+    })
+    .await;
+
+    serve_every_pool_kind(&env).await;
+
+    // Secure metrics: bitpool may ask the API server about a caller the shipped role lets read.
+    let accounts: Api<ServiceAccount> = env.api();
+    let scraper: ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": "scraper" } })).expect("an account");
+    accounts
+        .create(&PostParams::default(), &scraper)
+        .await
+        .expect("create the scraper");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "scraper" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bitpool-metrics-reader" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "scraper", "namespace": env.name() }]
+    }))
+    .expect("a binding");
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("bind the metrics reader");
+    let scraper_token = token(&admin, env.name(), "scraper").await;
+    let metrics = eventually("the scraper reads /metrics", WAIT, || async {
+        let (status, body) = endpoints.secure_metrics(Some(&scraper_token)).await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    assert!(metrics.contains("bitpool_leader 1"), "{metrics}");
+
+    let log = std::fs::read_to_string(&bitpool.log).unwrap_or_default();
+    let forbidden: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("forbidden") || l.contains("Forbidden"))
+        .collect();
+    assert!(
+        forbidden.is_empty(),
+        "bitpool was refused under its own role:\n{}",
+        forbidden.join("\n")
+    );
+
+    // Least privilege: what the bundle does not call, its account cannot do.
+    let as_bitpool = support::client_for(&kubeconfig).await;
+    let secrets: Api<Secret> = Api::namespaced(as_bitpool.clone(), env.name());
+    let refused = secrets.list(&ListParams::default()).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "the bundle's account may list Secrets: {refused:?}"
+    );
+    let ipclaims: Api<IPClaim> = Api::namespaced(as_bitpool, env.name());
+    let deleted = ipclaims
+        .delete("anything", &DeleteParams::default())
+        .await
+        .map(|_| ());
+    assert!(
+        matches!(&deleted, Err(kube::Error::Api(s)) if s.code == 403),
+        "the bundle's account may delete IPClaims: {deleted:?}"
+    );
+}
