@@ -1,12 +1,21 @@
-# Builds the single bitpool binary into a small image.
+# bitpool's image for pipelines that build with Docker or BuildKit; hack/image.sh builds the same
+# image without a registry pull (Debian's buildah): one static binary (Rust's musl target) FROM
+# scratch, run as uid 65532, entrypoint /bitpool, no shell.
 FROM rust:1.95-bookworm AS build
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-tools \
+    && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
-RUN cargo build --release --locked --bin bitpool
+ENV CC_x86_64_unknown_linux_musl=musl-gcc
+RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin bitpool
 
-FROM debian:bookworm-slim
-COPY --from=build /src/target/release/bitpool /usr/local/bin/bitpool
+FROM scratch
+COPY --from=build --chmod=0555 /src/target/x86_64-unknown-linux-musl/release/bitpool /bitpool
+ENV BITPOOL_LOG_FORMAT=json
 USER 65532:65532
-ENTRYPOINT ["/usr/local/bin/bitpool"]
+WORKDIR /
+LABEL org.opencontainers.image.title=bitpool org.opencontainers.image.licenses=Apache-2.0
+ENTRYPOINT ["/bitpool"]
+CMD ["run"]

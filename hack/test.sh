@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every check and test bitpool has: formatting, clippy, the CRD drift and compatibility
-# tests, unit and property tests, and the integration tests against a real control plane.
+# Runs every check and test bitpool has: formatting, clippy, the CRD and RBAC drift and
+# compatibility tests, unit and property tests, the integration tests against a real control
+# plane (clusterctl and RBAC tests on planes of their own), and the container image build.
 # Uses $KUBECONFIG when set; otherwise starts the local control plane (hack/control-plane.sh)
 # and stops it again at the end if this script started it.
 set -euo pipefail
@@ -38,8 +39,17 @@ trap 'rm -f "$log"; [ -n "${stop_plane:-}" ] && hack/control-plane.sh down' EXIT
 set +e
 cargo test --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# The container image: built from scratch with buildah and run as its user, in-cluster (root
+# installs what it needs; elsewhere it runs only where buildah is installed).
+image=skipped
+if [ "$(id -u)" = 0 ] || command -v buildah >/dev/null 2>&1; then
+  echo "== hack/image.sh --smoke"
+  if hack/image.sh --smoke; then image=passed; else image=failed; status=1; fi
+else
+  echo "== image: skipped (needs root, or buildah installed)"
+fi
 set -e
-# One closing line over every test binary (criterion's output comes last otherwise).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "bitpool: %d passed, %d failed\n", p, f }' "$log"
+# One closing line over every test binary and the image (criterion's output comes last otherwise).
+awk -v image="$image" '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { if (image == "passed") p++; if (image == "failed") f++; printf "bitpool: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -1,6 +1,7 @@
 //! Every manifest the upstream CRD accepts, bitpool's CRD must accept and keep: this walks the
 //! upstream and generated schemas field by field, for each kind bitpool serves (and for the
-//! standalone CAPI kinds), and compares names, printer columns and short names too.
+//! standalone CAPI kinds), and compares names, printer columns (upstream's first, bitpool's
+//! additions after them) and short names too.
 
 mod support;
 
@@ -247,7 +248,8 @@ fn check(ours: &CustomResourceDefinition, upstream: &CustomResourceDefinition) -
                 (name, type_, path)
             })
             .collect();
-        if columns(version) != upstream_columns {
+        // bitpool may show more (utilisation at a glance), after upstream's own.
+        if !columns(version).starts_with(&upstream_columns) {
             problems.push(format!(
                 "{prefix}: printer columns {:?}, upstream {:?}",
                 columns(version),

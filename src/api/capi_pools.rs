@@ -34,7 +34,10 @@ pub const SKIP_DELETE_CHECK_ANNOTATION: &str = "ipam.cluster.x-k8s.io/skip-valid
     printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses","description":"List of addresses, to allocate from"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of IPs configured for the pool"}"#,
     printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
-    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#,
+    printcolumn = r#"{"name":"Out Of Range","type":"integer","jsonPath":".status.ipAddresses.outOfRange","description":"Count of allocated IPs the pool no longer contains"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct InClusterIPPoolSpec {
@@ -84,7 +87,10 @@ pub struct InClusterIPPoolSpec {
     printcolumn = r#"{"name":"Addresses","type":"string","jsonPath":".spec.addresses","description":"List of addresses, to allocate from"}"#,
     printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of IPs configured for the pool"}"#,
     printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
-    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#,
+    printcolumn = r#"{"name":"Out Of Range","type":"integer","jsonPath":".status.ipAddresses.outOfRange","description":"Count of allocated IPs the pool no longer contains"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
 pub struct GlobalInClusterIPPoolSpec {
     #[serde(flatten)]

@@ -126,17 +126,21 @@ impl Context {
     /// take a claim whose address object is not cached yet for one without an address.
     pub async fn wait_for_caches(&self) {
         async fn ready<K: kube::Resource<DynamicType = ()> + Clone + 'static>(store: &Store<K>) {
-            let kind = K::kind(&()).to_string();
-            let mut waited = Duration::ZERO;
+            let started = std::time::Instant::now();
+            let mut warn_after = Duration::from_secs(10);
             loop {
-                match tokio::time::timeout(Duration::from_secs(10), store.wait_until_ready()).await
+                // Polled: a store's readiness wakes only one of the tasks waiting for it (the
+                // controllers' runners wait too), so a lone wait could sleep until its timeout.
+                match tokio::time::timeout(Duration::from_millis(50), store.wait_until_ready())
+                    .await
                 {
                     // A dropped writer means the process is stopping.
                     Ok(_) => return,
-                    Err(_) => {
-                        waited += Duration::from_secs(10);
-                        tracing::warn!(kind = %kind, waited = ?waited, "the watch cache has not received its initial list yet");
+                    Err(_) if started.elapsed() >= warn_after => {
+                        tracing::warn!(kind = %K::kind(&()), waited = ?warn_after, "the watch cache has not received its initial list yet");
+                        warn_after += Duration::from_secs(10);
                     }
+                    Err(_) => {}
                 }
             }
         }
