@@ -277,6 +277,58 @@ mod tests {
         assert!(text.contains(r#"name="b""#), "{text}");
     }
 
+    /// Every series the shipped Grafana dashboard queries is one bitpool exports.
+    #[test]
+    fn the_dashboard_queries_only_exported_series() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/grafana/bitpool-dashboard.json"
+        );
+        let dashboard: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default())
+                .expect("the dashboard is JSON");
+        let metrics = Metrics::new();
+        metrics.pool_usage(&pool("p"), &counts(4, 1, 0));
+        metrics.allocated("InClusterIPPool", 1);
+        metrics.released("InClusterIPPool", 1);
+        metrics.ledger_conflict("InClusterIPPool");
+        metrics.reconciled("InClusterIPPool", Duration::from_millis(1));
+        metrics.reconcile_failed("InClusterIPPool", "conflict");
+        metrics.event_dropped();
+        let exported: std::collections::HashSet<String> = metrics
+            .encode()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next().map(str::to_string))
+            .collect();
+        let mut queried = Vec::new();
+        let mut exprs = vec![&dashboard];
+        while let Some(value) = exprs.pop() {
+            match value {
+                serde_json::Value::Object(map) => {
+                    if let Some(serde_json::Value::String(expr)) = map.get("expr") {
+                        queried.push(expr.clone());
+                    }
+                    exprs.extend(map.values());
+                }
+                serde_json::Value::Array(items) => exprs.extend(items),
+                _ => {}
+            }
+        }
+        assert!(queried.len() >= 8, "{queried:?}");
+        for expr in &queried {
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("bitpool_"))
+            {
+                assert!(
+                    exported.contains(name),
+                    "{name} (in {expr}) is not exported"
+                );
+            }
+        }
+    }
+
     #[test]
     fn counters_histograms_and_leader_are_exported() {
         let metrics = Metrics::new();
