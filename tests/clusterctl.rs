@@ -278,6 +278,17 @@ async fn create_pool(client: &Client) {
     .await;
 }
 
+/// A deleted CRD goes once the API server has removed its objects.
+async fn crd_gone(client: &Client, name: &str) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    eventually(
+        &format!("{name} to be deleted"),
+        Duration::from_secs(60),
+        || async { matches!(api.get_opt(name).await, Ok(None)).then_some(()) },
+    )
+    .await;
+}
+
 fn assert_untouched(
     before: &BTreeMap<String, (String, String)>,
     after: &BTreeMap<String, (String, String)>,
@@ -362,11 +373,8 @@ async fn clusterctl_installs_upgrades_and_deletes_bitpool_beside_capm3() {
         .await
         .expect("delete the pool");
     clusterctl.run(&["delete", "--ipam", "bitpool", "--include-crd"]);
-    let after = crds(&client).await;
-    assert!(
-        !after.contains_key("inclusterippools.ipam.cluster.x-k8s.io"),
-        "bitpool's CRDs stay after delete --include-crd"
-    );
+    crd_gone(&client, "inclusterippools.ipam.cluster.x-k8s.io").await;
+    crd_gone(&client, "globalinclusterippools.ipam.cluster.x-k8s.io").await;
     assert_untouched(&before, &others(&client).await, "delete --ipam bitpool");
 
     // Switching from Metal3 IPAM: its provider goes (its CRDs and objects stay), the bundle
@@ -394,8 +402,8 @@ async fn clusterctl_installs_upgrades_and_deletes_bitpool_beside_capm3() {
         "init --ipam bitpool-baremetal",
     );
     clusterctl.run(&["delete", "--ipam", "bitpool-baremetal", "--include-crd"]);
+    crd_gone(&client, "ippools.ipam.metal3.io").await;
     let after = crds(&client).await;
-    assert!(!after.contains_key("ippools.ipam.metal3.io"));
     assert_untouched(
         &still_others,
         &others(&client).await,

@@ -164,14 +164,18 @@ impl Metrics {
         set(&self.pool_out_of_range, counts.out_of_range);
     }
 
-    /// Drops a deleted pool's series.
-    pub fn forget_pool(&self, pool: &PoolLabels) {
-        for family in [
+    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 4] {
+        [
             &self.pool_total,
             &self.pool_used,
             &self.pool_free,
             &self.pool_out_of_range,
-        ] {
+        ]
+    }
+
+    /// Drops a deleted pool's series.
+    pub fn forget_pool(&self, pool: &PoolLabels) {
+        for family in self.pool_families() {
             family.remove(pool);
         }
     }
@@ -215,8 +219,15 @@ impl Metrics {
             .inc();
     }
 
+    /// Records leadership. A replica that stops leading stops reconciling, so its pool series
+    /// would go stale: they go, and the next leader exports them.
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+        if !leading {
+            for family in self.pool_families() {
+                family.clear();
+            }
+        }
     }
 
     pub fn event_dropped(&self) {
@@ -275,6 +286,11 @@ mod tests {
         let text = metrics.encode();
         assert!(!text.contains(r#"name="a""#), "{text}");
         assert!(text.contains(r#"name="b""#), "{text}");
+        metrics.set_leader(false);
+        assert!(
+            !metrics.encode().contains(r#"name="b""#),
+            "a standby keeps pool series"
+        );
     }
 
     /// Every series the shipped Grafana dashboard queries is one bitpool exports.
