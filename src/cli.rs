@@ -153,8 +153,14 @@ pub struct RunArgs {
 /// Health probes, metrics and leader election, spelled as Cluster API managers spell them.
 #[derive(Debug, Args)]
 pub struct OpsArgs {
-    /// Where `/healthz` and `/readyz` are served (`host:port`, `:port`, or `0` for off).
-    #[arg(long, env = "BITPOOL_HEALTH_ADDR", default_value = ":9440")]
+    /// Where `/healthz` and `/readyz` are served (`host:port`, `:port`, or `0` for off). The
+    /// in-cluster provider's spelling `--health-probe-bind-address` is accepted too.
+    #[arg(
+        long,
+        alias = "health-probe-bind-address",
+        env = "BITPOOL_HEALTH_ADDR",
+        default_value = ":9440"
+    )]
     pub health_addr: String,
     /// Where `/metrics` is served (`host:port`, `:port`, or `0` for off): over HTTPS to callers
     /// allowed `get` on `/metrics`, unless --insecure-diagnostics.
@@ -256,6 +262,12 @@ pub struct WebhookArgs {
         default_value = "/tmp/k8s-webhook-server/serving-certs"
     )]
     pub webhook_cert_dir: PathBuf,
+    /// File name of the certificate in --webhook-cert-dir.
+    #[arg(long, env = "BITPOOL_WEBHOOK_CERT_NAME", default_value = crate::net::tls::CERT_FILE)]
+    pub webhook_cert_name: String,
+    /// File name of the private key in --webhook-cert-dir.
+    #[arg(long, env = "BITPOOL_WEBHOOK_KEY_NAME", default_value = crate::net::tls::KEY_FILE)]
+    pub webhook_key_name: String,
     /// Minimum TLS version: VersionTLS12 or VersionTLS13.
     #[arg(long, env = "BITPOOL_TLS_MIN_VERSION", default_value = "VersionTLS12")]
     pub tls_min_version: crate::net::tls::MinVersion,
@@ -274,6 +286,19 @@ pub struct WebhookArgs {
         default_missing_value = "true"
     )]
     pub refuse_overlapping_pools: bool,
+}
+
+impl WebhookArgs {
+    /// The TLS settings every HTTPS server of bitpool takes from these flags.
+    fn tls_options(&self) -> crate::net::tls::TlsOptions {
+        crate::net::tls::TlsOptions {
+            cert_dir: self.webhook_cert_dir.clone(),
+            cert_name: self.webhook_cert_name.clone(),
+            key_name: self.webhook_key_name.clone(),
+            min_version: self.tls_min_version,
+            cipher_suites: self.tls_cipher_suites.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -658,11 +683,7 @@ async fn start_ops(
         let (tls, access) = if flags.insecure_diagnostics {
             (None, Access::Open)
         } else {
-            let options = crate::net::tls::TlsOptions {
-                cert_dir: args.webhook.webhook_cert_dir.clone(),
-                min_version: args.webhook.tls_min_version,
-                cipher_suites: args.webhook.tls_cipher_suites.clone(),
-            };
+            let options = args.webhook.tls_options();
             let names = vec!["localhost".to_string(), lease::host_name()];
             let config = crate::net::tls::self_signed_config(&options, names)
                 .map_err(|e| Error::Webhook(e.into()))?;
@@ -683,11 +704,7 @@ async fn start_webhooks(args: &WebhookArgs, client: &kube::Client) -> Result<(),
         tracing::info!("webhook server off (--webhook-port=0)");
         return Ok(());
     }
-    let options = crate::net::tls::TlsOptions {
-        cert_dir: args.webhook_cert_dir.clone(),
-        min_version: args.tls_min_version,
-        cipher_suites: args.tls_cipher_suites.clone(),
-    };
+    let options = args.tls_options();
     let webhooks = std::sync::Arc::new(crate::webhook::Webhooks {
         client: client.clone(),
         refuse_overlap: args.refuse_overlapping_pools,
@@ -857,6 +874,18 @@ mod tests {
         );
         assert_eq!((set.kube_api_qps.get(), set.kube_api_burst.get()), (20, 30));
         assert!(!run_args(&["--leader-elect=false"]).ops.leader_elect);
+        // The in-cluster provider's own spellings, so its Deployment's arguments keep working.
+        let in_cluster = run_args(&[
+            "--health-probe-bind-address=:8081",
+            "--webhook-cert-name=cert.pem",
+            "--webhook-key-name=key.pem",
+        ]);
+        assert_eq!(in_cluster.ops.health_addr, ":8081");
+        let tls = in_cluster.webhook.tls_options();
+        assert_eq!(
+            (tls.cert_name.as_str(), tls.key_name.as_str()),
+            ("cert.pem", "key.pem")
+        );
     }
 
     #[test]

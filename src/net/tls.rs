@@ -16,6 +16,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 /// How often the certificate files are compared with what is being served.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
+/// The file names cert-manager writes (`--webhook-cert-name`, `--webhook-key-name` default).
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
 
@@ -65,6 +66,9 @@ impl std::str::FromStr for MinVersion {
 #[derive(Clone, Debug)]
 pub struct TlsOptions {
     pub cert_dir: PathBuf,
+    /// File names of the certificate and the key in `cert_dir`.
+    pub cert_name: String,
+    pub key_name: String,
     pub min_version: MinVersion,
     /// Go names of the TLS 1.2 suites to offer; empty means all of the provider's. TLS 1.3
     /// suites are always on (Go does not make them configurable either).
@@ -127,10 +131,13 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-/// The certificate chain and key of `cert_dir`, checked to belong together.
-fn load(provider: &CryptoProvider, cert_dir: &Path) -> Result<(Vec<u8>, CertifiedKey), TlsError> {
-    let cert_path = cert_dir.join(CERT_FILE);
-    let key_path = cert_dir.join(KEY_FILE);
+/// The certificate chain and key the options name, checked to belong together.
+fn load(
+    provider: &CryptoProvider,
+    files: &TlsOptions,
+) -> Result<(Vec<u8>, CertifiedKey), TlsError> {
+    let cert_path = files.cert_dir.join(&files.cert_name);
+    let key_path = files.cert_dir.join(&files.key_name);
     let cert_pem = read(&cert_path)?;
     let key_pem = read(&key_path)?;
     let pem_error = |path: &Path, what, reason: String| TlsError::Pem {
@@ -170,7 +177,7 @@ impl ResolvesServerCert for CurrentCert {
 /// Keeps the served certificate in step with the files of the cert directory.
 pub struct CertReloader {
     provider: Arc<CryptoProvider>,
-    cert_dir: PathBuf,
+    files: TlsOptions,
     loaded: Vec<u8>,
     current: Arc<CurrentCert>,
 }
@@ -179,7 +186,7 @@ impl CertReloader {
     /// Reads the files again; swaps the certificate when they changed and still load. A
     /// half-written rotation is kept out until both files fit.
     pub fn reload_if_changed(&mut self) -> Result<bool, TlsError> {
-        let (fingerprint, certified) = load(&self.provider, &self.cert_dir)?;
+        let (fingerprint, certified) = load(&self.provider, &self.files)?;
         if fingerprint == self.loaded {
             return Ok(false);
         }
@@ -198,7 +205,7 @@ impl CertReloader {
             tick.tick().await;
             match self.reload_if_changed() {
                 Ok(true) => {
-                    tracing::info!(dir = %self.cert_dir.display(), "webhook certificate reloaded")
+                    tracing::info!(dir = %self.files.cert_dir.display(), "webhook certificate reloaded")
                 }
                 Ok(false) => {}
                 Err(e) => {
@@ -212,7 +219,7 @@ impl CertReloader {
 /// The server configuration, and the reloader that keeps its certificate current.
 pub fn server_config(options: &TlsOptions) -> Result<(Arc<ServerConfig>, CertReloader), TlsError> {
     let provider = Arc::new(provider(options)?);
-    let (loaded, certified) = load(&provider, &options.cert_dir)?;
+    let (loaded, certified) = load(&provider, options)?;
     let current = Arc::new(CurrentCert(RwLock::new(Arc::new(certified))));
     let mut config = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_protocol_versions(versions(options.min_version))?
@@ -221,7 +228,7 @@ pub fn server_config(options: &TlsOptions) -> Result<(Arc<ServerConfig>, CertRel
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let reloader = CertReloader {
         provider,
-        cert_dir: options.cert_dir.clone(),
+        files: options.clone(),
         loaded,
         current,
     };
@@ -263,6 +270,8 @@ mod tests {
     fn options(suites: &[&str]) -> TlsOptions {
         TlsOptions {
             cert_dir: PathBuf::from("/nonexistent"),
+            cert_name: CERT_FILE.into(),
+            key_name: KEY_FILE.into(),
             min_version: MinVersion::Tls12,
             cipher_suites: suites.iter().map(|s| s.to_string()).collect(),
         }
