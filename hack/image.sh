@@ -67,6 +67,8 @@ bh commit --quiet --format oci "$container" "$name" >/dev/null
 mkdir -p "$out"
 rm -f "$out/bitpool-$tag.tar"
 bh push --quiet "$name" "oci-archive:$out/bitpool-$tag.tar" >/dev/null
+# Earlier builds of the same tag are left untagged: drop them.
+bh rmi --prune >/dev/null 2>&1 || true
 size=$(stat -c %s "$binary")
 compressed=$(gzip -c "$out/bitpool-$tag.tar" | wc -c)
 log "built $name: binary $((size / 1024)) KiB, image $((compressed / 1024)) KiB compressed -> $out/bitpool-$tag.tar"
