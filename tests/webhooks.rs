@@ -540,7 +540,9 @@ async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
     claim(env, "c", "InClusterIPPool", "legacy").await;
     wait_claim(env, "c", "Ready", |c| c.status == "True").await;
 
-    // The storage migration of the README: rewrite every pool, then drop v1alpha1.
+    // The storage migration of the README: rewrite every pool, then drop v1alpha1. bitpool
+    // writes the pools' status meanwhile, so a rewrite that loses the race reads again, as a
+    // storage migrator does.
     let all: Api<InClusterIPPool> = Api::all(env.client.clone());
     for pool in all
         .list(&ListParams::default())
@@ -550,9 +552,20 @@ async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
     {
         let api: Api<InClusterIPPool> =
             Api::namespaced(env.client.clone(), &pool.namespace().unwrap_or_default());
-        api.replace(&pool.name_any(), &PostParams::default(), &pool)
-            .await
-            .expect("rewrite at v1alpha2");
+        let name = pool.name_any();
+        eventually(
+            &format!("pool {name} rewritten at v1alpha2"),
+            WAIT,
+            || async {
+                let fresh = api.get(&name).await.ok()?;
+                match api.replace(&name, &PostParams::default(), &fresh).await {
+                    Ok(_) => Some(()),
+                    Err(kube::Error::Api(s)) if s.code == 409 => None,
+                    Err(e) => panic!("rewrite {name} at v1alpha2: {e}"),
+                }
+            },
+        )
+        .await;
     }
     crds.patch_status(
         "inclusterippools.ipam.cluster.x-k8s.io",
