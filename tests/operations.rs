@@ -6,15 +6,13 @@ mod support;
 use std::time::Duration;
 
 use bitpool::api::capi::{IPAddress, IPAddressClaim};
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use support::ipam::*;
-use support::ops::{Endpoints, sample};
+use support::ops::{Endpoints, bind_cluster_role, sample, service_account};
 use support::{Bitpool, Env, eventually};
 
 fn start(env: &Env, endpoints: &Endpoints, secure: bool, extra: &[&str]) -> Bitpool {
@@ -158,58 +156,30 @@ async fn secure_metrics_ask_the_api_server_who_may_read_them() {
     let (status, _) = endpoints.secure_metrics(Some("not-a-token")).await;
     assert_eq!(status, 401, "a token the API server does not know");
 
-    let accounts: Api<ServiceAccount> = env.api();
-    let account: ServiceAccount = serde_json::from_value(json!({
-        "metadata": { "name": "scraper" }
-    }))
-    .expect("a ServiceAccount");
-    accounts
-        .create(&PostParams::default(), &account)
-        .await
-        .expect("create the ServiceAccount");
-    let request: TokenRequest = serde_json::from_value(json!({
-        "spec": { "audiences": [], "expirationSeconds": 600 }
-    }))
-    .expect("a TokenRequest");
-    let token = accounts
-        .create_token_request("scraper", &PostParams::default(), &request)
-        .await
-        .expect("a token for the ServiceAccount")
-        .status
-        .map(|s| s.token)
-        .expect("the token");
+    let token = service_account(&env, "scraper").await;
     let (status, body) = endpoints.secure_metrics(Some(&token)).await;
     assert_eq!(status, 403, "a known caller without the right: {body}");
     assert!(body.contains("scraper"), "{body}");
 
     let name = format!("{}-metrics-reader", env.name());
     let roles: Api<ClusterRole> = Api::all(env.client.clone());
-    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
     let role: ClusterRole = serde_json::from_value(json!({
         "metadata": { "name": name },
         "rules": [{ "nonResourceURLs": ["/metrics"], "verbs": ["get"] }]
     }))
     .expect("a ClusterRole");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
-        "subjects": [{ "kind": "ServiceAccount", "name": "scraper", "namespace": env.name() }]
-    }))
-    .expect("a ClusterRoleBinding");
     roles
         .create(&PostParams::default(), &role)
         .await
         .expect("create the role");
-    bindings
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create the binding");
+    bind_cluster_role(&env, &name, &name, "scraper").await;
     let metrics = eventually("the scraper may read /metrics", WAIT, || async {
         let (status, body) = endpoints.secure_metrics(Some(&token)).await;
         (status == 200).then_some(body)
     })
     .await;
     assert!(metrics.contains("bitpool_leader 1"), "{metrics}");
+    let bindings: Api<ClusterRoleBinding> = Api::all(env.client.clone());
     let _ = bindings.delete(&name, &DeleteParams::default()).await;
     let _ = roles.delete(&name, &DeleteParams::default()).await;
 }

@@ -12,14 +12,11 @@ use std::process::{Child, Command};
 
 use bitpool::api::capi::IPAddressClaim;
 use bitpool::api::metal3_ipam::IPClaim;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, DeleteParams, ListParams};
 use support::ipam::*;
-use support::ops::Endpoints;
+use support::ops::{Endpoints, bind_cluster_role, service_account, token};
 use support::plane::Dedicated;
 use support::{Env, eventually, root};
 
@@ -76,21 +73,6 @@ fn apply_components(plane: &Dedicated) {
         "-l",
         "cluster.x-k8s.io/provider=ipam-bitpool-baremetal",
     ]);
-}
-
-async fn token(client: &Client, namespace: &str, account: &str) -> String {
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-    let request: TokenRequest = serde_json::from_value(json!({
-        "spec": { "audiences": [], "expirationSeconds": 3600 }
-    }))
-    .expect("a TokenRequest");
-    accounts
-        .create_token_request(account, &PostParams::default(), &request)
-        .await
-        .unwrap_or_else(|e| panic!("a token for {namespace}/{account}: {e}"))
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default()
 }
 
 /// A kubeconfig that is the ServiceAccount `bitpool-manager`, as its pod would be.
@@ -211,24 +193,8 @@ async fn the_shipped_service_account_serves_every_pool_kind_under_owner_referenc
     serve_every_pool_kind(&env).await;
 
     // Secure metrics: bitpool may ask the API server about a caller the shipped role lets read.
-    let accounts: Api<ServiceAccount> = env.api();
-    let scraper: ServiceAccount =
-        serde_json::from_value(json!({ "metadata": { "name": "scraper" } })).expect("an account");
-    accounts
-        .create(&PostParams::default(), &scraper)
-        .await
-        .expect("create the scraper");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": "scraper" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bitpool-metrics-reader" },
-        "subjects": [{ "kind": "ServiceAccount", "name": "scraper", "namespace": env.name() }]
-    }))
-    .expect("a binding");
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("bind the metrics reader");
-    let scraper_token = token(&admin, env.name(), "scraper").await;
+    let scraper_token = service_account(&env, "scraper").await;
+    bind_cluster_role(&env, "scraper", "bitpool-metrics-reader", "scraper").await;
     let metrics = eventually("the scraper reads /metrics", WAIT, || async {
         let (status, body) = endpoints.secure_metrics(Some(&scraper_token)).await;
         (status == 200).then_some(body)

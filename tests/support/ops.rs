@@ -72,3 +72,49 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
         value.split(' ').next()?.parse().ok()
     })
 }
+
+/// A token of the ServiceAccount `namespace`/`account`, as its pod would get one.
+pub async fn token(client: &kube::Client, namespace: &str, account: &str) -> String {
+    use k8s_openapi::api::authentication::v1::TokenRequest;
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), namespace);
+    let request: TokenRequest = serde_json::from_value(serde_json::json!({
+        "spec": { "audiences": [], "expirationSeconds": 3600 }
+    }))
+    .expect("a TokenRequest");
+    accounts
+        .create_token_request(account, &Default::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("a token for {namespace}/{account}: {e}"))
+        .status
+        .map(|s| s.token)
+        .expect("the token")
+}
+
+/// A new ServiceAccount `name` in the test's namespace, and a token of it.
+pub async fn service_account(env: &super::Env, name: &str) -> String {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))
+            .expect("a ServiceAccount");
+    env.api::<ServiceAccount>()
+        .create(&Default::default(), &account)
+        .await
+        .unwrap_or_else(|e| panic!("create the ServiceAccount {name}: {e}"));
+    token(&env.client, env.name(), name).await
+}
+
+/// Binds the ClusterRole `role` to the test namespace's ServiceAccount `account`, as `binding`.
+pub async fn bind_cluster_role(env: &super::Env, binding: &str, role: &str, account: &str) {
+    use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+    let object: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": binding },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role },
+        "subjects": [{ "kind": "ServiceAccount", "name": account, "namespace": env.name() }]
+    }))
+    .expect("a ClusterRoleBinding");
+    kube::Api::<ClusterRoleBinding>::all(env.client.clone())
+        .create(&Default::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("bind {role} to {account}: {e}"));
+}
