@@ -6,7 +6,7 @@
 
 mod support;
 
-use bitpool::api::capi::{IPAddress, IPAddressClaim};
+use bitpool::api::capi::IPAddressClaim;
 use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
 use bitpool::api::metal3_ipam::{IPClaim, IPClaimSpec, IPPool, Metal3PoolRange};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -395,15 +395,7 @@ async fn v1alpha1_and_v1alpha2_read_each_others_writes() {
     );
     claim(env, "c", "InClusterIPPool", "old").await;
     wait_claim(env, "c", "Ready", |c| c.status == "True").await;
-    assert_eq!(
-        env.api::<IPAddress>()
-            .get("c")
-            .await
-            .expect("address")
-            .spec
-            .address,
-        "10.5.0.10"
-    );
+    assert_eq!(address_of(env, "c").await, "10.5.0.10");
 
     // A field only v1alpha2 has survives a v1alpha1 client's read-modify-write.
     let pp = PatchParams::default();
@@ -647,15 +639,7 @@ async fn failure_policies_hold_while_bitpool_is_down() {
         pools.get("p").await.is_ok(),
         "the pool and its addresses are untouched"
     );
-    assert_eq!(
-        env.api::<IPAddress>()
-            .get("a")
-            .await
-            .expect("address a")
-            .spec
-            .address,
-        "10.9.0.1"
-    );
+    assert_eq!(address_of(env, "a").await, "10.9.0.1");
 }
 
 /// Without its certificate `run` stops at once and names the file (no listener without TLS).

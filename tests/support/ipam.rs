@@ -183,6 +183,16 @@ pub async fn wait_claim(
     .await
 }
 
+/// The address the IPAddress `name` (named after its claim) holds.
+pub async fn address_of(env: &Env, name: &str) -> String {
+    env.api::<IPAddress>()
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("IPAddress {name}: {e}"))
+        .spec
+        .address
+}
+
 /// Waits until the IPClaim `name` names its address.
 pub async fn wait_ipclaim(env: &Env, name: &str) {
     let ipclaims: Api<IPClaim> = env.api();
