@@ -221,18 +221,14 @@ pub fn server_config(options: &TlsOptions) -> Result<(Arc<ServerConfig>, CertRel
     let provider = Arc::new(provider(options)?);
     let (loaded, certified) = load(&provider, options)?;
     let current = Arc::new(CurrentCert(RwLock::new(Arc::new(certified))));
-    let mut config = ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_protocol_versions(versions(options.min_version))?
-        .with_no_client_auth()
-        .with_cert_resolver(current.clone());
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let config = serving(&provider, options.min_version, current.clone())?;
     let reloader = CertReloader {
         provider,
         files: options.clone(),
         loaded,
         current,
     };
-    Ok((Arc::new(config), reloader))
+    Ok((config, reloader))
 }
 
 /// A configuration serving a certificate for `names` that signs itself, made now and kept in
@@ -255,8 +251,17 @@ pub fn self_signed_config(
     let certified = CertifiedKey::from_der(chain, key, &provider)
         .map_err(|e| generated_error(e.to_string()))?;
     let current = Arc::new(CurrentCert(RwLock::new(Arc::new(certified))));
-    let mut config = ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(versions(options.min_version))?
+    serving(&provider, options.min_version, current)
+}
+
+/// A server configuration offering h2 and HTTP/1.1 with the certificate `current` serves.
+fn serving(
+    provider: &Arc<CryptoProvider>,
+    min_version: MinVersion,
+    current: Arc<CurrentCert>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = ServerConfig::builder_with_provider(Arc::clone(provider))
+        .with_protocol_versions(versions(min_version))?
         .with_no_client_auth()
         .with_cert_resolver(current);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
