@@ -65,6 +65,8 @@ pub struct Events {
     recorder: Option<Recorder>,
     overall: DefaultDirectRateLimiter,
     per_object: DefaultKeyedRateLimiter<(String, Reason)>,
+    /// When the per-object limiter last forgot the objects whose period is over.
+    pruned: std::sync::Mutex<std::time::Instant>,
     metrics: Arc<Metrics>,
 }
 
@@ -98,6 +100,7 @@ impl Events {
                 Quota::per_second(per_second(RATE)).allow_burst(per_second(BURST)),
             ),
             per_object: RateLimiter::keyed(per_object),
+            pruned: std::sync::Mutex::new(std::time::Instant::now()),
             metrics,
         }
     }
@@ -118,9 +121,14 @@ impl Events {
             self.metrics.event_dropped();
             return false;
         }
-        // Forget objects whose period is over, so the limiter does not grow with churn.
-        if self.per_object.len() > 10_000 {
+        // Forget objects whose period is over, so the limiter does not grow with churn; a pass
+        // over every key, so at most every 10 s.
+        if self.per_object.len() > 10_000
+            && let Ok(mut pruned) = self.pruned.lock()
+            && pruned.elapsed() >= Duration::from_secs(10)
+        {
             self.per_object.retain_recent();
+            *pruned = std::time::Instant::now();
         }
         true
     }
