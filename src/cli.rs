@@ -46,7 +46,7 @@ pub struct RbacArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "capi-ipam,metal3-ipam,metal3-data"
+        default_value = "capi-ipam,metal3-ipam,migration-proxy,metal3-data"
     )]
     pub controllers: Vec<ControllerGroup>,
     /// Write the roles to this file instead of printing them.
@@ -127,14 +127,15 @@ pub struct RunArgs {
     )]
     pub enable_bmh_name_based_preallocation: bool,
     /// Controller groups to run, comma-separated: capi-ipam (InClusterIPPool,
-    /// GlobalInClusterIPPool), metal3-ipam (Metal3 IPPool, IPClaim), metal3-data
-    /// (Metal3DataTemplate, Metal3Data). Only the CRDs of these groups are required.
+    /// GlobalInClusterIPPool), metal3-ipam (Metal3 IPPool, IPClaim), migration-proxy (Metal3
+    /// IPPools served from a CAPI pool through `spec.poolRef`), metal3-data (Metal3DataTemplate,
+    /// Metal3Data). Only the CRDs of these groups are required.
     #[arg(
         long,
         env = "BITPOOL_CONTROLLERS",
         value_enum,
         value_delimiter = ',',
-        default_value = "capi-ipam,metal3-ipam,metal3-data"
+        default_value = "capi-ipam,metal3-ipam,migration-proxy,metal3-data"
     )]
     pub controllers: Vec<ControllerGroup>,
     /// Reconciles of one controller running at once (0: no limit). Each pool is reconciled by
@@ -305,6 +306,7 @@ impl WebhookArgs {
 pub enum ControllerGroup {
     CapiIpam,
     Metal3Ipam,
+    MigrationProxy,
     Metal3Data,
 }
 
@@ -312,6 +314,7 @@ fn groups(selected: &[ControllerGroup]) -> controllers::Groups {
     controllers::Groups {
         capi_ipam: selected.contains(&ControllerGroup::CapiIpam),
         metal3_ipam: selected.contains(&ControllerGroup::Metal3Ipam),
+        migration_proxy: selected.contains(&ControllerGroup::MigrationProxy),
         metal3_data: selected.contains(&ControllerGroup::Metal3Data),
     }
 }
@@ -619,11 +622,19 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         version = contract.as_str(),
         "Cluster API version of IPAddressClaim, IPAddress, Cluster and Machine"
     );
+    let metal3_machine_version = if groups.metal3_data {
+        let version = crds::served_metal3_machine_version(&client).await?;
+        tracing::info!(version, "version Metal3Machines are read at");
+        version
+    } else {
+        "v1beta2"
+    };
     let settings = controllers::Settings {
         namespace: args.namespace,
         watch_filter: args.watch_filter,
         ledger_namespace: args.ledger_namespace,
         bmh_name_based_preallocation: args.enable_bmh_name_based_preallocation,
+        metal3_machine_version,
         groups,
         concurrency: args.concurrency,
         sync_period: args.sync_period,
@@ -895,7 +906,7 @@ mod tests {
         let names = |g| {
             crds::required(g)
                 .into_iter()
-                .filter_map(|c| c.metadata.name)
+                .map(|c| c.name)
                 .collect::<Vec<_>>()
         };
         let capi_crds = names(capi);
@@ -909,6 +920,9 @@ mod tests {
         let bundle_crds = names(bundle);
         assert_eq!(bundle_crds.len(), 7, "{bundle_crds:?}");
         assert_eq!(names(controllers::Groups::ALL).len(), 10);
+        let proxy = groups(&run_args(&["--controllers=migration-proxy"]).controllers);
+        assert_eq!(proxy.names(), ["migration-proxy"]);
+        assert_eq!(names(proxy).len(), 7, "the CAPI kinds and Metal3 IPAM's");
         let refused = Cli::try_parse_from(["bitpool", "run", "--controllers=capm3"])
             .err()
             .map(|e| e.to_string())

@@ -55,9 +55,15 @@ fn origin() -> String {
 
 /// A client for the configured cluster, rate limited, after checking that the API server answers.
 pub async fn connect(limits: Limits) -> Result<Client, Error> {
-    let config = Config::infer()
+    let mut config = Config::infer()
         .await
         .map_err(|source| Error::Config { source })?;
+    // The API server names the field manager of every write after the agent: `bitpool`, as
+    // its server-side applies are, so `managedFields` tell bitpool's writes from any other's.
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(concat!("bitpool/", env!("CARGO_PKG_VERSION"))),
+    ));
     let server = config.cluster_url.to_string();
     let limiter = Arc::new(RateLimiter::direct(
         Quota::per_second(limits.qps).allow_burst(limits.burst),

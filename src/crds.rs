@@ -15,6 +15,7 @@ use kube::runtime::wait::{Condition, conditions};
 use kube::{Client, CustomResourceExt};
 
 use crate::api::{capi, capi_pools, metal3_data, metal3_ipam};
+use crate::controllers::Groups;
 
 /// Subdirectory of the CRD directory for the kinds a CAPI installation already has.
 pub const STANDALONE_DIR: &str = "standalone";
@@ -36,7 +37,7 @@ pub enum Error {
     #[error("cannot read CRD {name}: {source}")]
     Read { name: String, source: kube::Error },
     #[error(
-        "CRDs not established after {waited:?}: {missing}; install them with `bitpool crds --apply`"
+        "CRDs not established after {waited:?}: {missing}; install them with `bitpool crds --apply`, or run without the groups that need them (--controllers)"
     )]
     NotEstablished { waited: Duration, missing: String },
 }
@@ -107,29 +108,67 @@ pub fn served() -> Vec<CustomResourceDefinition> {
     ])
 }
 
+/// A CRD a process must find established before it starts, and the `--controllers` groups
+/// that need it (named in the message when it is missing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Required {
+    pub name: String,
+    pub needed_by: Vec<&'static str>,
+}
+
+impl Required {
+    /// A CRD needed whatever runs (as in tests of the wait itself).
+    pub fn of(crd: &CustomResourceDefinition) -> Self {
+        Self {
+            name: crd.metadata.name.clone().unwrap_or_default(),
+            needed_by: Vec::new(),
+        }
+    }
+}
+
+const METAL3_IPAM_CRDS: [&str; 3] = [
+    "ippools.ipam.metal3.io",
+    "ipclaims.ipam.metal3.io",
+    "ipaddresses.ipam.metal3.io",
+];
+const METAL3_DATA_CRDS: [&str; 3] = [
+    "metal3datatemplates.infrastructure.cluster.x-k8s.io",
+    "metal3datas.infrastructure.cluster.x-k8s.io",
+    "metal3dataclaims.infrastructure.cluster.x-k8s.io",
+];
+
 /// The CRDs a process running `groups` needs installed: the CAPI pools and the contract's
-/// claim and address always, the Metal3 IPAM kinds and the Metal3Data kinds with their groups.
-pub fn required(groups: crate::controllers::Groups) -> Vec<CustomResourceDefinition> {
-    let metal3_ipam = [
-        "ippools.ipam.metal3.io",
-        "ipclaims.ipam.metal3.io",
-        "ipaddresses.ipam.metal3.io",
-    ];
-    let metal3_data = [
-        "metal3datatemplates.infrastructure.cluster.x-k8s.io",
-        "metal3datas.infrastructure.cluster.x-k8s.io",
-        "metal3dataclaims.infrastructure.cluster.x-k8s.io",
-    ];
-    let mut required: Vec<CustomResourceDefinition> = served()
-        .into_iter()
-        .filter(|crd| {
-            let name = crd.metadata.name.as_deref().unwrap_or_default();
-            (groups.metal3_kinds() || !metal3_ipam.contains(&name))
-                && (groups.metal3_data || !metal3_data.contains(&name))
+/// claim and address for every group (each reads or names them), the Metal3 IPAM kinds for the
+/// groups that read IPPools, the Metal3Data kinds for their reconciler.
+pub fn required(groups: Groups) -> Vec<Required> {
+    let needed_by = |name: &str| {
+        let only = |metal3_data| Groups {
+            capi_ipam: false,
+            metal3_ipam: false,
+            migration_proxy: false,
+            metal3_data,
+        };
+        if METAL3_IPAM_CRDS.contains(&name) {
+            Groups {
+                capi_ipam: false,
+                ..groups
+            }
+        } else if METAL3_DATA_CRDS.contains(&name) {
+            only(groups.metal3_data)
+        } else {
+            groups
+        }
+    };
+    served()
+        .iter()
+        .chain(standalone().iter())
+        .map(|crd| {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            let needed_by = needed_by(&name).names();
+            Required { name, needed_by }
         })
-        .collect();
-    required.extend(standalone());
-    required
+        .filter(|r| !r.needed_by.is_empty())
+        .collect()
 }
 
 /// IPAddressClaim and IPAddress, for running bitpool without CAPI core (which owns them otherwise).
@@ -259,14 +298,38 @@ pub enum ContractError {
 pub async fn served_contract_version(
     client: &Client,
 ) -> Result<capi::ContractVersion, ContractError> {
-    for version in [
+    let versions = [
         capi::ContractVersion::V1Beta2,
         capi::ContractVersion::V1Beta1,
-    ] {
-        let group_version = format!("{}/{}", capi::GROUP, version.as_str());
+    ];
+    let names = versions.map(|v| v.as_str());
+    match first_served_version(client, capi::GROUP, "ipaddressclaims", &names).await? {
+        Some(served) => Ok(versions[served]),
+        None => Err(ContractError::NotServed),
+    }
+}
+
+/// The Metal3Machine version the Metal3Data reconciler reads: v1beta2 (what CAPM3 1.13 and
+/// later store) where served, else v1beta1 (older CAPM3); v1beta2 while no CAPM3 is installed.
+pub async fn served_metal3_machine_version(client: &Client) -> Result<&'static str, ContractError> {
+    let versions = ["v1beta2", "v1beta1"];
+    let group = crate::api::metal3_data::GROUP;
+    let served = first_served_version(client, group, "metal3machines", &versions).await?;
+    Ok(versions[served.unwrap_or(0)])
+}
+
+/// The index of the first of `versions` at which `group` serves `resource`, by discovery.
+async fn first_served_version(
+    client: &Client,
+    group: &str,
+    resource: &str,
+    versions: &[&str],
+) -> Result<Option<usize>, ContractError> {
+    for (index, version) in versions.iter().enumerate() {
+        let group_version = format!("{group}/{version}");
         match client.list_api_group_resources(&group_version).await {
-            Ok(list) if list.resources.iter().any(|r| r.name == "ipaddressclaims") => {
-                return Ok(version);
+            Ok(list) if list.resources.iter().any(|r| r.name == resource) => {
+                return Ok(Some(index));
             }
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -278,7 +341,7 @@ pub async fn served_contract_version(
             }
         }
     }
-    Err(ContractError::NotServed)
+    Ok(None)
 }
 
 /// The field manager bitpool's server-side applies use.
@@ -298,13 +361,14 @@ pub async fn apply(
             .await
             .map_err(|source| Error::Apply { name, source })?;
     }
-    wait_established(client, crds, wait).await
+    let required: Vec<Required> = crds.iter().map(Required::of).collect();
+    wait_established(client, &required, wait).await
 }
 
 /// Waits until every CRD exists with `Established=True`, or fails naming only those that are not.
 pub async fn wait_established(
     client: &Client,
-    crds: &[CustomResourceDefinition],
+    crds: &[Required],
     wait: Duration,
 ) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -313,13 +377,23 @@ pub async fn wait_established(
     loop {
         let mut missing = Vec::new();
         for crd in crds {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            match api.get_opt(&name).await {
+            let name = &crd.name;
+            let for_groups = match crd.needed_by.as_slice() {
+                [] => String::new(),
+                groups => format!(", for {}", groups.join(", ")),
+            };
+            match api.get_opt(name).await {
                 Ok(Some(found))
                     if conditions::is_crd_established().matches_object(Some(&found)) => {}
-                Ok(Some(_)) => missing.push(format!("{name} (not established yet)")),
-                Ok(None) => missing.push(name),
-                Err(source) => return Err(Error::Read { name, source }),
+                Ok(Some(_)) => missing.push(format!("{name} (not established yet{for_groups})")),
+                Ok(None) if for_groups.is_empty() => missing.push(name.clone()),
+                Ok(None) => missing.push(format!("{name} (missing{for_groups})")),
+                Err(source) => {
+                    return Err(Error::Read {
+                        name: name.clone(),
+                        source,
+                    });
+                }
             }
         }
         if missing.is_empty() {
@@ -342,6 +416,48 @@ pub async fn wait_established(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_required_crd_names_the_groups_that_need_it() {
+        let proxy_and_data = Groups {
+            capi_ipam: false,
+            metal3_ipam: false,
+            migration_proxy: true,
+            metal3_data: true,
+        };
+        let required = required(proxy_and_data);
+        let needed_by = |name: &str| {
+            required
+                .iter()
+                .find(|r| r.name == name)
+                .map(|r| r.needed_by.clone())
+        };
+        assert_eq!(
+            needed_by("ippools.ipam.metal3.io"),
+            Some(vec!["migration-proxy", "metal3-data"])
+        );
+        assert_eq!(
+            needed_by("metal3datas.infrastructure.cluster.x-k8s.io"),
+            Some(vec!["metal3-data"])
+        );
+        assert_eq!(
+            needed_by("ipaddressclaims.ipam.cluster.x-k8s.io"),
+            Some(vec!["migration-proxy", "metal3-data"])
+        );
+        let capi_only = Groups {
+            capi_ipam: true,
+            ..Groups::default()
+        };
+        assert_eq!(
+            needed_by("inclusterippools.ipam.cluster.x-k8s.io").map(|g| g.len()),
+            Some(2)
+        );
+        assert!(
+            super::required(capi_only)
+                .iter()
+                .all(|r| r.needed_by == ["capi-ipam"] && !r.name.contains("metal3"))
+        );
+    }
 
     /// `crds/` must be exactly what the types generate. Regenerate with `cargo run -- crds --out crds`.
     #[test]

@@ -106,9 +106,11 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
         ));
         rules.push(rule(METAL3_IPAM, &["ipclaims/status"], &["patch"]));
     }
-    if groups.metal3_ipam {
+    if groups.migration_proxy {
         // Claims of IPClaims proxied to a CAPI pool are IPAddressClaims owned by the IPClaim.
         rules.push(rule(CAPI_IPAM, &["ipaddressclaims"], &["create", "delete"]));
+    }
+    if groups.metal3_pools() {
         rules.push(rule(METAL3_IPAM, &["ippools"], &["patch"]));
         rules.push(rule(METAL3_IPAM, &["ippools/status"], &["patch"]));
         rules.push(rule(
@@ -248,6 +250,7 @@ mod tests {
     const CAPI_ONLY: Groups = Groups {
         capi_ipam: true,
         metal3_ipam: false,
+        migration_proxy: false,
         metal3_data: false,
     };
 
@@ -283,11 +286,9 @@ mod tests {
     /// command in each folder's kustomization.yaml).
     #[test]
     fn shipped_roles_are_the_generated_ones() {
-        let bundle = Groups {
-            metal3_data: false,
-            ..Groups::ALL
-        };
-        for (folder, groups) in [("capi-ipam", CAPI_ONLY), ("baremetal", bundle)] {
+        // The bare-metal provider's roles allow every group, so that `BITPOOL_CONTROLLERS` can
+        // add the Metal3Data reconciler to its default.
+        for (folder, groups) in [("capi-ipam", CAPI_ONLY), ("baremetal", Groups::ALL)] {
             let path = format!(
                 "{}/config/rbac/{folder}/role.yaml",
                 env!("CARGO_MANIFEST_DIR")

@@ -175,7 +175,8 @@ async fn missing_crds_are_named_alone() {
     let mut missing = crds[0].clone();
     missing.metadata.name = Some("absents.ipam.bitpool.dev".into());
     crds.push(missing);
-    let error = bitpool::crds::wait_established(&client, &crds, Duration::from_secs(2))
+    let required: Vec<_> = crds.iter().map(bitpool::crds::Required::of).collect();
+    let error = bitpool::crds::wait_established(&client, &required, Duration::from_secs(2))
         .await
         .expect_err("one CRD is missing");
     let message = error.to_string();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 use bitpool::api::capi::IPAddressClaim;
-use bitpool::api::metal3_ipam::IPClaim;
+use bitpool::api::metal3_ipam::{IPClaim, IPPool};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -114,7 +114,7 @@ fn run_as(kubeconfig: &Path, endpoints: &Endpoints) -> Running {
     let child = Command::new(env!("CARGO_BIN_EXE_bitpool"))
         .args([
             "run",
-            "--controllers=capi-ipam,metal3-ipam",
+            "--controllers=capi-ipam,metal3-ipam,migration-proxy",
             "--leader-elect",
         ])
         .args(endpoints.args(true))
@@ -221,13 +221,13 @@ async fn the_shipped_service_account_serves_every_pool_kind_under_owner_referenc
         matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
         "the bundle's account may list Secrets: {refused:?}"
     );
-    let ipclaims: Api<IPClaim> = Api::namespaced(as_bitpool, env.name());
-    let deleted = ipclaims
+    let pools: Api<IPPool> = Api::namespaced(as_bitpool, env.name());
+    let deleted = pools
         .delete("anything", &DeleteParams::default())
         .await
         .map(|_| ());
     assert!(
         matches!(&deleted, Err(kube::Error::Api(s)) if s.code == 403),
-        "the bundle's account may delete IPClaims: {deleted:?}"
+        "the bundle's account may delete IPPools: {deleted:?}"
     );
 }

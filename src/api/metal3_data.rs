@@ -226,12 +226,24 @@ pub enum EthernetType {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MacAddressSource {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub string: Option<String>,
     /// A NIC name in the BareMetalHost's `status.hardware.nics`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub from_host_interface: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub from_annotation: Option<FromAnnotation>,
 }
 
@@ -432,12 +444,21 @@ pub struct StaticNetwork<F: AddressFamily> {
     #[serde(
         rename = "ipAddressFromIPPool",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
     )]
     pub ip_address_from_ip_pool: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub from_pool_ref: Option<PoolRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub from_pool_annotation: Option<FromPoolAnnotation>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<NetworkRoute<F>>,
@@ -472,18 +493,31 @@ pub struct NetworkRoute<F: AddressFamily> {
 #[serde(rename_all = "camelCase", bound = "")]
 #[schemars(bound = "F: AddressFamily")]
 pub struct NetworkGateway<F: AddressFamily> {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     #[schemars(schema_with = "F::address_schema")]
     pub string: Option<String>,
     #[serde(
         rename = "fromIPPool",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
     )]
     pub from_ip_pool: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub from_pool_ref: Option<PoolRef>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub from_pool_annotation: Option<FromPoolAnnotation>,
     #[serde(skip)]
     pub family: std::marker::PhantomData<F>,
@@ -500,12 +534,17 @@ pub struct NetworkServices<F: AddressFamily> {
     #[serde(
         rename = "dnsFromIPPool",
         default,
-        skip_serializing_if = "Option::is_none"
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
     )]
     pub dns_from_ip_pool: Option<String>,
     /// bitpool extension: the DNS servers of a pool of any kind, e.g. an InClusterIPPool's
     /// `dnsServers` (a name-only `dnsFromIPPool` always means a Metal3 IPPool).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "super::unset_if_zero"
+    )]
     pub dns_from_pool_ref: Option<PoolRef>,
     #[serde(skip)]
     pub family: std::marker::PhantomData<F>,
@@ -579,4 +618,49 @@ pub struct Metal3DataClaimStatus {
     pub rendered_data: Option<ObjectReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A template network as CAPM3 1.13 serves it at v1beta1, converted from its v1beta2
+    /// storage: unset references and strings come back as zero values.
+    #[test]
+    fn zero_values_from_capm3_conversion_read_as_unset() {
+        let network: StaticNetwork<Ipv4> = serde_json::from_value(serde_json::json!({
+            "id": "provisioning", "link": "enp1s0", "ipAddressFromIPPool": "provisioning",
+            "fromPoolRef": {"kind": "", "name": ""},
+            "routes": [{"network": "0.0.0.0", "services": {},
+                        "gateway": {"fromIPPool": "provisioning", "fromPoolRef": {"kind": "", "name": ""}, "string": ""}}],
+        }))
+        .expect("the converted network reads");
+        assert_eq!(network.from_pool_ref, None);
+        assert_eq!(
+            network.ip_address_from_ip_pool.as_deref(),
+            Some("provisioning")
+        );
+        let gateway = &network.routes[0].gateway;
+        assert_eq!((&gateway.from_pool_ref, &gateway.string), (&None, &None));
+        assert_eq!(gateway.from_ip_pool.as_deref(), Some("provisioning"));
+
+        let mac: MacAddressSource = serde_json::from_value(
+            serde_json::json!({"fromHostInterface": "enp1s0", "string": ""}),
+        )
+        .expect("the converted MAC source reads");
+        assert_eq!(
+            (mac.string, mac.from_host_interface.as_deref()),
+            (None, Some("enp1s0"))
+        );
+
+        // A reference that is set but incomplete is still read, and reported where it is used.
+        let partial: StaticNetwork<Ipv4> = serde_json::from_value(serde_json::json!({
+            "id": "n", "link": "l", "fromPoolRef": {"kind": "InClusterIPPool", "name": ""},
+        }))
+        .expect("reads");
+        assert_eq!(
+            partial.from_pool_ref.map(|r| r.kind).as_deref(),
+            Some("InClusterIPPool")
+        );
+    }
 }

@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::{ObjectReference, SecretReference};
 use kube::CustomResource;
+use kube::api::{ApiResource, GroupVersionKind, Object};
 use serde::{Deserialize, Serialize};
 
 /// Annotation on a Metal3Machine naming its BareMetalHost as `<namespace>/<name>`.
@@ -31,6 +32,26 @@ pub struct Metal3MachineSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id: Option<String>,
+}
+
+/// A Metal3Machine read at the version the API server serves (the fields read here are the same
+/// at v1beta1 and v1beta2).
+pub type AnyMetal3Machine = Object<Metal3MachineSpec, Metal3MachineStatus>;
+
+/// Metal3Machine at `version`.
+pub fn metal3_machine_resource(version: &str) -> ApiResource {
+    let gvk = GroupVersionKind::gvk(crate::api::metal3_data::GROUP, version, "Metal3Machine");
+    ApiResource::from_gvk_with_plural(&gvk, "metal3machines")
+}
+
+impl From<AnyMetal3Machine> for Metal3Machine {
+    fn from(object: AnyMetal3Machine) -> Self {
+        Metal3Machine {
+            metadata: object.metadata,
+            spec: object.spec,
+            status: object.status,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]

@@ -17,12 +17,41 @@ pub mod labels {
     pub const CLUSTER_NAME: &str = "cluster.x-k8s.io/cluster-name";
     /// Pauses reconciliation of the object that carries it (and, on a Cluster, of its claims).
     pub const PAUSED: &str = "cluster.x-k8s.io/paused";
+    /// The value of [`PAUSED`] that pauses every controller but bitpool: how Metal3DataTemplates
+    /// (and the Metal3Data bitpool makes from them) are handed to bitpool while CAPM3, which
+    /// cannot turn its own Metal3Data controllers off, runs beside it.
+    pub const HANDED_TO_BITPOOL: &str = "bitpool";
     /// The provider label `clusterctl` and Metal3 put on provider-owned objects.
     pub const PROVIDER: &str = "cluster.x-k8s.io/provider";
 }
 
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Reads an optional field written as its zero value — `""`, or an object of such (CAPM3's
+/// conversion from its v1beta2 storage writes unset references as `fromPoolRef: {kind: "",
+/// name: ""}` and unset strings as `""`) — as unset, as CAPM3's own `!= ""` checks do.
+pub(crate) fn unset_if_zero<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    fn is_zero(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::Null => true,
+            serde_json::Value::String(s) => s.is_empty(),
+            serde_json::Value::Object(fields) => fields.values().all(is_zero),
+            _ => false,
+        }
+    }
+    match Option::<serde_json::Value>::deserialize(deserializer)? {
+        Some(value) if !is_zero(&value) => serde_json::from_value(value)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        _ => Ok(None),
+    }
+}
 
 /// How a pool picks the next free address (`spec.allocationStrategy`, as Metal3 spells it).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

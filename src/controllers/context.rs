@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::error::{self, Error};
 use super::pool::PoolKey;
@@ -17,13 +17,15 @@ use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
 
 /// Which controllers a process runs (`--controllers`): a CAPI IPAM provider alone, the Metal3
-/// IPAM beside it, and the Metal3Data reconciler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// IPAM beside it, the migration proxy, and the Metal3Data reconciler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Groups {
     /// InClusterIPPool and GlobalInClusterIPPool, and claims naming a missing pool of theirs.
     pub capi_ipam: bool,
-    /// Metal3 IPPools serving IPClaims and IPAddressClaims.
+    /// Metal3 IPPools serving IPClaims and IPAddressClaims from their own ranges.
     pub metal3_ipam: bool,
+    /// Metal3 IPPools whose `spec.poolRef` names a CAPI pool: their IPClaims are served from it.
+    pub migration_proxy: bool,
     /// Metal3DataTemplate, Metal3DataClaim and Metal3Data.
     pub metal3_data: bool,
 }
@@ -32,12 +34,31 @@ impl Groups {
     pub const ALL: Groups = Groups {
         capi_ipam: true,
         metal3_ipam: true,
+        migration_proxy: true,
         metal3_data: true,
     };
 
     /// Whether the Metal3 IPAM kinds are read (Metal3Data claims addresses from IPPools).
     pub fn metal3_kinds(self) -> bool {
-        self.metal3_ipam || self.metal3_data
+        self.metal3_ipam || self.migration_proxy || self.metal3_data
+    }
+
+    /// Whether Metal3 IPPools are reconciled at all (by the pool engine or the proxy).
+    pub fn metal3_pools(self) -> bool {
+        self.metal3_ipam || self.migration_proxy
+    }
+
+    /// The `--controllers` names of the groups that are on.
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            (self.capi_ipam, "capi-ipam"),
+            (self.metal3_ipam, "metal3-ipam"),
+            (self.migration_proxy, "migration-proxy"),
+            (self.metal3_data, "metal3-data"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
     }
 }
 
@@ -53,6 +74,8 @@ pub struct Settings {
     /// Name the Metal3Data's IP claims `<BareMetalHost>-<pool>`, so that a pool's preAllocations
     /// give each host the same address across re-provisioning.
     pub bmh_name_based_preallocation: bool,
+    /// The version Metal3Machines are read at (the newest the API server serves).
+    pub metal3_machine_version: &'static str,
     /// The controllers this process runs.
     pub groups: Groups,
     /// Reconciles running at once, per controller (0: no limit).
@@ -102,6 +125,15 @@ pub struct CachedSpace {
 }
 
 impl Context {
+    /// Whether the Cluster `name` of `namespace` is known and paused.
+    pub fn cluster_paused(&self, namespace: &str, name: &str) -> bool {
+        self.clusters.as_ref().is_some_and(|clusters| {
+            clusters
+                .get(&ObjectRef::new(name).within(namespace))
+                .is_some_and(|c| super::objects::cluster_is_paused(&c))
+        })
+    }
+
     /// Which pool serves claims that name `key`: the one answer every controller asks.
     /// False when no pool of a kind bitpool serves exists under that name.
     pub fn pool_exists(&self, key: &PoolKey) -> bool {

@@ -26,7 +26,10 @@ use crate::api::metal3_data::{
     DATA_FINALIZER, DATA_NAME_LABEL, Metal3Data, Metal3DataClaim, Metal3DataTemplate,
     POOL_NAME_LABEL, SECRET_TYPE,
 };
-use crate::api::metal3_hosts::{BARE_METAL_HOST_ANNOTATION, BareMetalHost, Metal3Machine};
+use crate::api::metal3_hosts::{
+    AnyMetal3Machine, BARE_METAL_HOST_ANNOTATION, BareMetalHost, Metal3Machine,
+    metal3_machine_resource,
+};
 use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
 use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
 
@@ -57,6 +60,9 @@ pub async fn reconcile(data: Arc<Metal3Data>, ctx: Arc<Context>) -> Result<Actio
         // Unpausing a Cluster does not touch its Metal3Data: look again later.
         return Ok(Action::requeue(RETRY_FAILED));
     }
+    if adopt_if_handed_over(&data, &ctx, &api).await? {
+        return Ok(Action::await_change());
+    }
     if objects::add_finalizer(&api, &data, DATA_FINALIZER).await? == FinalizerPatch::Stale {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -73,15 +79,36 @@ pub async fn reconcile(data: Arc<Metal3Data>, ctx: Arc<Context>) -> Result<Actio
     Ok(action)
 }
 
+/// A Metal3Data CAPM3 made before its template was handed to bitpool: marked as handed over
+/// too (CAPM3 leaves it from then on), and reconciled on the event of that write. Its secrets
+/// and IP claims carry the same names either way, so bitpool carries on where CAPM3 stopped.
+async fn adopt_if_handed_over(
+    data: &Metal3Data,
+    ctx: &Context,
+    api: &Api<Metal3Data>,
+) -> Result<bool, Error> {
+    let template = data.spec.template.name.as_deref().and_then(|name| {
+        ctx.data_templates
+            .get(&ObjectRef::new(name).within(&data.namespace()?))
+    });
+    let handed_over = template.is_some_and(|t| objects::handed_to_bitpool(t.meta()));
+    if !handed_over || objects::handed_to_bitpool(data.meta()) {
+        return Ok(false);
+    }
+    tracing::info!(data = %data.name_any(), "taking over a Metal3Data its template hands to bitpool");
+    let patch = json!({ "metadata": { "annotations": {
+        labels::PAUSED: labels::HANDED_TO_BITPOOL,
+    } } });
+    objects::merge_patch(api, &data.name_any(), patch).await?;
+    Ok(true)
+}
+
 fn paused(data: &Metal3Data, ctx: &Context) -> bool {
     if objects::is_paused(data.meta()) {
         return true;
     }
-    let cluster = data.labels().get(labels::CLUSTER_NAME);
-    match (cluster, &ctx.clusters, data.namespace()) {
-        (Some(cluster), Some(clusters), Some(ns)) => clusters
-            .get(&ObjectRef::new(cluster).within(&ns))
-            .is_some_and(|c| c.spec.paused == Some(true) || objects::is_paused(c.meta())),
+    match (data.labels().get(labels::CLUSTER_NAME), data.namespace()) {
+        (Some(cluster), Some(ns)) => ctx.cluster_paused(&ns, cluster),
         _ => false,
     }
 }
@@ -165,12 +192,12 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
             "Metal3Machine not found in owner references".into(),
         ));
     };
-    let Some(metal3_machine) = get(
-        Api::<Metal3Machine>::namespaced(client.clone(), &namespace),
-        machine_name,
-    )
-    .await?
-    else {
+    let machines = Api::<AnyMetal3Machine>::namespaced_with(
+        client.clone(),
+        &namespace,
+        &metal3_machine_resource(ctx.settings.metal3_machine_version),
+    );
+    let Some(metal3_machine) = get(machines, machine_name).await?.map(Metal3Machine::from) else {
         return Ok(Step::Waiting(format!(
             "Metal3Machine {machine_name} not found"
         )));

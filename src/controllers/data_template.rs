@@ -20,6 +20,7 @@ use serde_json::json;
 use super::Context;
 use super::error::Error;
 use super::objects::{self, FinalizerPatch};
+use crate::api::labels;
 use crate::api::metal3_data::{
     DATA_CLAIM_FINALIZER, Metal3Data, Metal3DataClaim, Metal3DataSpec, Metal3DataTemplate,
     TEMPLATE_FINALIZER,
@@ -27,6 +28,8 @@ use crate::api::metal3_data::{
 
 /// How soon to look again after losing a race with another writer.
 const RETRY: Duration = Duration::from_secs(1);
+/// How often a paused template looks again (unpausing a Cluster is no event for it).
+const PAUSED_RECHECK: Duration = Duration::from_secs(30);
 
 /// The Metal3Data of `template` at `index`.
 pub fn data_name(template: &str, index: i64) -> String {
@@ -105,6 +108,10 @@ pub async fn reconcile(
     }
 
     let deleting = template.meta().deletion_timestamp.is_some();
+    if !deleting && template_paused(&template, &ctx, &namespace) {
+        // Unpausing a Cluster does not touch its templates: look again later.
+        return Ok(Action::requeue(PAUSED_RECHECK));
+    }
     if !deleting
         && objects::add_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?
             == FinalizerPatch::Stale
@@ -173,6 +180,13 @@ pub async fn reconcile(
     } else {
         Action::await_change()
     })
+}
+
+/// Whether the template waits: paused itself (unless handed to bitpool), or its Cluster paused.
+fn template_paused(template: &Metal3DataTemplate, ctx: &Context, namespace: &str) -> bool {
+    let cluster = objects::cluster_name(Some(&template.spec.cluster_name), template.meta());
+    objects::is_paused(template.meta())
+        || cluster.is_some_and(|cluster| ctx.cluster_paused(namespace, cluster))
 }
 
 /// The index a claim was bound to before its Metal3Data existed (crash or race recovery).
@@ -262,11 +276,20 @@ async fn create_data(
                 },
             ),
     );
+    // A Metal3Data of a template handed to bitpool is handed over too, from its creation on:
+    // CAPM3's own Metal3Data controller never acts on it.
+    let annotations = objects::handed_to_bitpool(template.meta()).then(|| {
+        BTreeMap::from([(
+            labels::PAUSED.to_string(),
+            labels::HANDED_TO_BITPOOL.to_string(),
+        )])
+    });
     let data = Metal3Data {
         metadata: ObjectMeta {
             name: Some(data_name(&template_name, index)),
             namespace: namespace.clone(),
             labels: claim.meta().labels.clone(),
+            annotations,
             finalizers: Some(vec![DATA_CLAIM_FINALIZER.to_string()]),
             owner_references: Some(owners),
             ..Default::default()

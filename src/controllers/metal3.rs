@@ -120,7 +120,7 @@ impl PoolDialect for IPPool {
 
     fn paused_by_cluster(&self, ctx: &Context) -> bool {
         self.cluster(ctx)
-            .is_some_and(|c| c.spec.paused == Some(true) || objects::is_paused(c.meta()))
+            .is_some_and(|c| objects::cluster_is_paused(&c))
     }
 
     /// A pool that names its Cluster carries the cluster-name and provider labels and is owned

@@ -278,7 +278,7 @@ pub async fn run(
         .filter(|_| groups.capi_ipam)
         .map(|c| configure(c, &config, &stopped, &ctx));
     let metal3 = pool_controller(&ippools, &caches, &ctx)
-        .filter(|_| groups.metal3_ipam)
+        .filter(|_| groups.metal3_pools())
         .map(|c| configure(c, &config, &stopped, &ctx));
     let orphan_claims = caches
         .claims

@@ -210,10 +210,26 @@ pub fn owner_reference<K: Resource<DynamicType = ()>>(
     })
 }
 
+/// Whether the object is paused for bitpool: the pause annotation with any value but
+/// [`labels::HANDED_TO_BITPOOL`] (which pauses everyone else).
 pub fn is_paused(meta: &ObjectMeta) -> bool {
     meta.annotations
         .as_ref()
-        .is_some_and(|a| a.contains_key(labels::PAUSED))
+        .and_then(|a| a.get(labels::PAUSED))
+        .is_some_and(|value| value != labels::HANDED_TO_BITPOOL)
+}
+
+/// Whether a Cluster pauses what belongs to it (`spec.paused`, or its pause annotation).
+pub fn cluster_is_paused(cluster: &crate::api::capi::Cluster) -> bool {
+    cluster.spec.paused == Some(true) || is_paused(cluster.meta())
+}
+
+/// Whether the object is paused for every controller but bitpool.
+pub fn handed_to_bitpool(meta: &ObjectMeta) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::PAUSED))
+        .is_some_and(|value| value == labels::HANDED_TO_BITPOOL)
 }
 
 /// The Cluster an object belongs to: its explicit cluster name, else the cluster-name label.

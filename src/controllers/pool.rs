@@ -287,7 +287,7 @@ fn claim_may_proceed(claim: &AnyClaim, ctx: &Context) -> bool {
         return true; // no Cluster named, or no Cluster API core installed
     };
     match clusters.get(&ObjectRef::new(cluster).within(&claim.namespace())) {
-        Some(c) => c.spec.paused != Some(true) && !objects::is_paused(c.meta()),
+        Some(c) => !objects::cluster_is_paused(&c),
         // The contract: wait for the Cluster, but let deletions proceed without it.
         None => claim.deleting(),
     }

@@ -24,11 +24,15 @@ use super::pool::{self, PoolDialect, PoolKey};
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
 
-/// The IPPool controller's reconcile: the pool engine, or the proxy when the pool names a CAPI pool.
+/// The IPPool controller's reconcile: the pool engine (group `metal3-ipam`), or the proxy when
+/// the pool names a CAPI pool (group `migration-proxy`); a pool of a group that is off is left
+/// to whoever runs it.
 pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let groups = ctx.settings.groups;
     match pool.spec.pool_ref.clone() {
-        None => pool::reconcile(pool, ctx).await,
-        Some(target) => reconcile_proxy(pool, target, ctx).await,
+        None if groups.metal3_ipam => pool::reconcile(pool, ctx).await,
+        Some(target) if groups.migration_proxy => reconcile_proxy(pool, target, ctx).await,
+        _ => Ok(Action::await_change()),
     }
 }
 
