@@ -254,22 +254,28 @@ impl Bitpool {
     }
 
     fn spawn_with(filter: &str, ledger_namespace: &str, extra_args: &[&str]) -> Self {
+        let mut args = vec!["--watch-filter", filter];
+        args.extend_from_slice(extra_args);
+        Self::spawn_in(kubeconfig_path(), filter, ledger_namespace, &args)
+    }
+
+    /// Starts `bitpool run` with `args` alone (no namespace or watch filter) against the
+    /// cluster of `kubeconfig`, as a deployment runs it; `name` names its log.
+    pub fn start_in(kubeconfig: &Path, name: &str, args: &[&str]) -> Self {
+        Self::spawn_in(kubeconfig, name, "bitpool-system", args)
+    }
+
+    fn spawn_in(kubeconfig: &Path, name: &str, ledger_namespace: &str, args: &[&str]) -> Self {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let dir = root().join("target/test-logs");
         std::fs::create_dir_all(&dir).expect("create target/test-logs");
-        let log = dir.join(format!("bitpool-{filter}-{n}.log"));
+        let log = dir.join(format!("bitpool-{name}-{n}.log"));
         let file = std::fs::File::create(&log).expect("create log file");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
-            .args([
-                "run",
-                "--watch-filter",
-                filter,
-                "--ledger-namespace",
-                ledger_namespace,
-            ])
-            .args(extra_args)
-            .env("KUBECONFIG", kubeconfig_path())
+            .args(["run", "--ledger-namespace", ledger_namespace])
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
             // No webhooks unless a test asks for them (`--webhook-port=…` wins over this).
             .env("BITPOOL_WEBHOOK_PORT", "0")
             // Likewise no probe or metrics servers: many processes run side by side.

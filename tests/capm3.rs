@@ -1,0 +1,706 @@
+//! bitpool beside the real CAPM3 manager (github.com/metal3-io/cluster-api-provider-metal3, built
+//! from the Go module proxy by `hack/tools.sh capm3`), on a control plane of the test's own with
+//! Cluster API's, CAPM3's and the BareMetalHost CRDs. CAPM3's CRDs convert through CAPM3's own
+//! webhook server, as in a real installation. The tests play the parts nobody runs here: Cluster
+//! API core (a Cluster whose infrastructure is ready, Machines with bootstrap data) and the
+//! baremetal-operator (hosts that are `available`, with their NICs).
+//!
+//! Each test is one deployment mode of the README's "Metal3 clusters" section.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
+};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use support::plane::Dedicated;
+use support::webhook::{Certs, free_port};
+use support::{Bitpool, eventually, read_crds, root};
+
+const NS: &str = "metal3";
+const CLUSTER: &str = "test1";
+const TEMPLATE: &str = "workers-template";
+/// The Metal3 pool (an IPClaim per host, named `<host>-provisioning` with BMH-name preallocation).
+const METAL3_POOL: &str = "provisioning";
+/// The CAPI pool (an IPAddressClaim per Metal3Data, `<data>-baremetal`).
+const CAPI_POOL: &str = "baremetal";
+const HOSTS: [&str; 2] = ["node-0", "node-1"];
+const WAIT: Duration = Duration::from_secs(120);
+
+/// What the API server records as the field manager of bitpool's writes.
+const BITPOOL: &str = "bitpool";
+
+/// The preallocated provisioning address of host `i`.
+fn preallocated(i: usize) -> String {
+    format!("192.168.111.{}", 150 + i)
+}
+
+fn resource(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let kind = kind.to_lowercase();
+    let plural = if kind.ends_with('s') {
+        format!("{kind}es")
+    } else {
+        format!("{kind}s")
+    };
+    ApiResource::from_gvk_with_plural(&gvk, &plural)
+}
+
+fn api(client: &Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), NS, &resource(api_version, kind))
+}
+
+/// Creates `object` (a full manifest) in the test namespace.
+async fn create(client: &Client, object: Value) -> DynamicObject {
+    let api_version = object["apiVersion"].as_str().expect("apiVersion");
+    let kind = object["kind"].as_str().expect("kind");
+    let object: DynamicObject = serde_json::from_value(object.clone()).expect("a manifest");
+    api(client, api_version, kind)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create {kind} {}: {e}", object.name_any()))
+}
+
+async fn patch_status(client: &Client, api_version: &str, kind: &str, name: &str, status: Value) {
+    api(client, api_version, kind)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("status of {kind} {name}: {e}"));
+}
+
+async fn get(client: &Client, api_version: &str, kind: &str, name: &str) -> Option<DynamicObject> {
+    api(client, api_version, kind)
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("get {kind} {name}: {e}"))
+}
+
+async fn list(client: &Client, api_version: &str, kind: &str) -> Vec<DynamicObject> {
+    api(client, api_version, kind)
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("list {kind}: {e}"))
+        .items
+}
+
+/// CAPM3's manager with its webhook server (serving its CRDs' conversions) on 127.0.0.1.
+/// Its log: `target/test-logs/capm3-<name>.log`.
+struct Capm3 {
+    child: Child,
+}
+
+impl Capm3 {
+    fn start(kubeconfig: &std::path::Path, certs: &Certs, port: u16, name: &str) -> Self {
+        let bin = tool("capm3");
+        let dir = root().join("target/test-logs");
+        std::fs::create_dir_all(&dir).expect("create target/test-logs");
+        let log = dir.join(format!("capm3-{name}.log"));
+        let file = std::fs::File::create(&log).expect("create the log");
+        let child = Command::new(bin)
+            .args([
+                &format!("--webhook-port={port}"),
+                &format!("--webhook-cert-dir={}", certs.dir.display()),
+                "--health-addr=0",
+                "--diagnostics-address=0",
+                "--insecure-diagnostics",
+                "--enable-bmh-name-based-preallocation",
+                // Its CRD migrator would rewrite every object of its kinds at start: not the
+                // subject here, and a writer the tests would have to tell apart.
+                "--skip-crd-migration-phases=StorageVersionMigration",
+                "--skip-crd-migration-phases=CleanupManagedFields",
+                "--v=2",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .stdout(file.try_clone().expect("log handle"))
+            .stderr(file)
+            .spawn()
+            .expect("start CAPM3's manager");
+        Self { child }
+    }
+}
+
+impl Drop for Capm3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The path of a tool `hack/tools.sh` builds (once, cached).
+fn tool(name: &str) -> PathBuf {
+    let output = Command::new(root().join("hack/tools.sh"))
+        .arg(name)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run hack/tools.sh");
+    assert!(output.status.success(), "hack/tools.sh {name} failed");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+/// A control plane with Cluster API's, CAPM3's and BMO's CRDs, CAPM3 running, and bitpool's IPAM
+/// CRDs (bitpool replaces Metal3's ip-address-manager).
+struct Metal3Plane {
+    client: Client,
+    kubeconfig: PathBuf,
+    _capm3: Capm3,
+    _certs: Certs,
+    _plane: Dedicated,
+}
+
+impl Metal3Plane {
+    async fn start(name: &str) -> Self {
+        let plane = Dedicated::start(name);
+        let client = plane.client().await;
+        let certs = Certs::generate(&format!("capm3-{name}"));
+        let port = free_port();
+        install_crds(&client, &certs, port).await;
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}})).expect("a namespace"),
+            )
+            .await
+            .expect("create the namespace");
+        let capm3 = Capm3::start(&plane.kubeconfig, &certs, port, name);
+        wait_listening(port).await;
+        Self {
+            client,
+            kubeconfig: plane.kubeconfig.clone(),
+            _capm3: capm3,
+            _certs: certs,
+            _plane: plane,
+        }
+    }
+}
+
+async fn wait_listening(port: u16) {
+    eventually(
+        "CAPM3's webhook server listens (log: target/test-logs/capm3-*.log)",
+        WAIT,
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+}
+
+/// Cluster API core's CRDs and BMO's as their modules ship them (no conversion webhook runs for
+/// them here: every client speaks their storage version), CAPM3's with their conversion webhook
+/// pointed at the CAPM3 process, and bitpool's CAPI pool and Metal3 IPAM CRDs.
+async fn install_crds(client: &Client, certs: &Certs, port: u16) {
+    let upstream = support::upstream_crds_dir().expect("the upstream CRDs");
+    let mut crds: Vec<CustomResourceDefinition> = Vec::new();
+    for folder in [
+        "cluster-api",
+        "cluster-api-provider-metal3",
+        "baremetal-operator",
+    ] {
+        let mut files: Vec<_> = std::fs::read_dir(upstream.join(folder))
+            .expect("read the CRD folder")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        files.sort();
+        for file in files {
+            let mut read = read_crds(&file);
+            if folder == "cluster-api-provider-metal3" {
+                for crd in &mut read {
+                    crd.spec.conversion = Some(conversion_to(certs, port));
+                }
+            }
+            crds.extend(read);
+        }
+    }
+    let capm3_kinds: BTreeSet<_> = crds
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    crds.extend(
+        bitpool::crds::served()
+            .into_iter()
+            .filter(|c| !capm3_kinds.contains(c.metadata.name.as_deref().unwrap_or_default())),
+    );
+    support::install_crds(client, &crds).await;
+}
+
+fn conversion_to(certs: &Certs, port: u16) -> CustomResourceConversion {
+    CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{port}/convert")),
+                ca_bundle: Some(ByteString(certs.ca_pem.clone().into_bytes())),
+                service: None,
+            }),
+            conversion_review_versions: vec!["v1".into(), "v1beta1".into()],
+        }),
+    }
+}
+
+/// The pools (bitpool's), the Cluster with its infrastructure ready (Cluster API core's part),
+/// the Metal3Cluster, the template, and the hosts as BMO leaves them after inspection.
+async fn create_cluster(client: &Client, hand_template_to_bitpool: bool) {
+    create(
+        client,
+        json!({
+            "apiVersion": "ipam.metal3.io/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": METAL3_POOL},
+            "spec": {
+                "clusterName": CLUSTER, "namePrefix": "test1-prov",
+                "pools": [{"start": "192.168.111.100", "end": "192.168.111.199"}],
+                "prefix": 24, "gateway": "192.168.111.1", "dnsServers": ["192.168.111.1"],
+                "preAllocations": {
+                    format!("{}-{METAL3_POOL}", HOSTS[0]): preallocated(0),
+                    format!("{}-{METAL3_POOL}", HOSTS[1]): preallocated(1),
+                },
+            },
+        }),
+    )
+    .await;
+    create(
+        client,
+        json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
+            "metadata": {"name": CAPI_POOL},
+            "spec": {"addresses": ["10.0.0.10-10.0.0.20"], "prefix": 24, "gateway": "10.0.0.1"},
+        }),
+    )
+    .await;
+    create(
+        client,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "bootstrap-data"},
+            "stringData": {"value": "#cloud-config\n", "format": "cloud-config"},
+        }),
+    )
+    .await;
+    create(
+        client,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": CLUSTER},
+            "spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": CLUSTER,
+            }},
+        }),
+    )
+    .await;
+    patch_status(
+        client,
+        "cluster.x-k8s.io/v1beta2",
+        "Cluster",
+        CLUSTER,
+        json!({
+            "initialization": {"infrastructureProvisioned": true},
+            "deprecated": {"v1beta1": {"conditions": [{
+                "type": "InfrastructureReady", "status": "True",
+                "lastTransitionTime": "2026-12-01T00:00:00Z",
+            }]}},
+        }),
+    )
+    .await;
+    create(
+        client,
+        json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Cluster",
+            "metadata": {"name": CLUSTER, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
+            "spec": {"controlPlaneEndpoint": {"host": "192.168.111.249", "port": 6443}, "noCloudProvider": true},
+        }),
+    )
+    .await;
+    let mut template = template();
+    if hand_template_to_bitpool {
+        template["metadata"]["annotations"] = json!({"cluster.x-k8s.io/paused": "bitpool"});
+    }
+    create(client, template).await;
+    for (i, host) in HOSTS.iter().enumerate() {
+        create_host(client, i, host).await;
+    }
+}
+
+/// The worked example of CAPM3's documentation, plus a second NIC on the CAPI pool: a Metal3
+/// pool by name (network, route gateway, DNS) and a CAPI pool by `fromPoolRef`.
+fn template() -> Value {
+    let capi_pool =
+        json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": CAPI_POOL});
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3DataTemplate",
+        "metadata": {"name": TEMPLATE, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
+        "spec": {
+            "clusterName": CLUSTER,
+            "metaData": {
+                "ipAddressesFromIPPool": [{"key": "provisioningIP", "name": METAL3_POOL, "apiGroup": "ipam.metal3.io", "kind": "IPPool"}],
+                "objectNames": [{"key": "name", "object": "machine"}],
+                "indexes": [{"key": "index", "offset": 0, "step": 1}],
+                "prefixesFromIPPool": [], "gatewaysFromIPPool": [], "dnsServersFromIPPool": [],
+            },
+            "networkData": {
+                "links": {"ethernets": [
+                    {"type": "phy", "id": "enp1s0", "mtu": 1500, "macAddress": {"fromHostInterface": "enp1s0"}},
+                    {"type": "phy", "id": "enp2s0", "mtu": 1500, "macAddress": {"fromHostInterface": "enp2s0"}},
+                ]},
+                "networks": {"ipv4": [
+                    {"id": "provisioning", "link": "enp1s0", "ipAddressFromIPPool": METAL3_POOL,
+                     "routes": [{"network": "0.0.0.0", "prefix": 0, "gateway": {"fromIPPool": METAL3_POOL}}]},
+                    {"id": "baremetal", "link": "enp2s0", "fromPoolRef": capi_pool,
+                     "routes": [{"network": "10.1.0.0", "prefix": 16, "gateway": {"fromPoolRef": capi_pool}}]},
+                ]},
+                "services": {"dnsFromIPPool": METAL3_POOL},
+            },
+        },
+    })
+}
+
+fn mac(host: usize, nic: usize) -> String {
+    format!("00:5c:52:31:{host:02x}:{nic:02x}")
+}
+
+async fn create_host(client: &Client, i: usize, host: &str) {
+    create(
+        client,
+        json!({
+            "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+            "metadata": {"name": host},
+            "spec": {"online": true, "bootMACAddress": mac(i, 1)},
+        }),
+    )
+    .await;
+    patch_status(
+        client,
+        "metal3.io/v1alpha1",
+        "BareMetalHost",
+        host,
+        json!({
+            "errorCount": 0, "errorMessage": "", "operationalStatus": "OK", "poweredOn": false,
+            "provisioning": {"ID": format!("ironic-{host}"), "state": "available"},
+            "hardware": {"nics": [
+                {"name": "enp1s0", "mac": mac(i, 1)},
+                {"name": "enp2s0", "mac": mac(i, 2)},
+            ]},
+        }),
+    )
+    .await;
+}
+
+/// A Machine and its Metal3Machine, as a MachineSet makes them.
+async fn create_machine(client: &Client, name: &str) {
+    let machine = create(
+        client,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": name, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
+            "spec": {
+                "clusterName": CLUSTER,
+                "bootstrap": {"dataSecretName": "bootstrap-data"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Machine", "name": format!("m3-{name}")},
+            },
+        }),
+    )
+    .await;
+    create(
+        client,
+        json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Machine",
+            "metadata": {
+                "name": format!("m3-{name}"),
+                "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER},
+                "ownerReferences": [{
+                    "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine", "name": name,
+                    "uid": machine.uid().expect("a uid"), "controller": true, "blockOwnerDeletion": true,
+                }],
+            },
+            "spec": {
+                "image": {"url": "http://172.22.0.1/images/node.qcow2", "checksum": "http://172.22.0.1/images/node.qcow2.sha256sum", "checksumType": "sha256", "format": "qcow2"},
+                "dataTemplate": {"name": TEMPLATE},
+            },
+        }),
+    )
+    .await;
+}
+
+/// What a Metal3Machine ended up with: its host, and the addresses its rendered networkData gives
+/// each network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rendered {
+    host: String,
+    addresses: BTreeMap<String, String>,
+}
+
+/// Waits until `m3m`'s host carries the secrets rendered for it (CAPM3 attaches them when the
+/// Metal3Data is ready), and reads them.
+async fn rendered(client: &Client, m3m: &str) -> Rendered {
+    let v1beta2 = "infrastructure.cluster.x-k8s.io/v1beta2";
+    let (host, network_secret) = eventually(
+        &format!("the host of {m3m} carries its rendered secrets"),
+        WAIT,
+        || async {
+            let machine = get(client, v1beta2, "Metal3Machine", m3m).await?;
+            let host = machine
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("metal3.io/BareMetalHost")?
+                .rsplit('/')
+                .next()?
+                .to_string();
+            let bmh = get(client, "metal3.io/v1alpha1", "BareMetalHost", &host).await?;
+            let network = bmh.data["spec"]["networkData"]["name"]
+                .as_str()?
+                .to_string();
+            let meta = bmh.data["spec"]["metaData"]["name"].as_str()?;
+            (network == format!("{m3m}-networkdata") && meta == format!("{m3m}-metadata"))
+                .then_some((host, network))
+        },
+    )
+    .await;
+    let secret = Api::<Secret>::namespaced(client.clone(), NS)
+        .get(&network_secret)
+        .await
+        .expect("the networkData secret");
+    let text = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("networkData"))
+        .map(|b| String::from_utf8_lossy(&b.0).to_string())
+        .expect("a networkData key");
+    let network: Value = serde_saphyr::from_str(&text).expect("networkData is YAML");
+    let addresses = network["networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| {
+            Some((
+                n["id"].as_str()?.to_string(),
+                n["ip_address"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    Rendered { host, addresses }
+}
+
+/// The managers that wrote each object of `kind` (the main resource and, apart, its status).
+async fn writers(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+) -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
+    list(client, api_version, kind)
+        .await
+        .into_iter()
+        .map(|o| {
+            let (mut main, mut status) = (BTreeSet::new(), BTreeSet::new());
+            for entry in o.metadata.managed_fields.iter().flatten() {
+                let manager = entry.manager.clone().unwrap_or_default();
+                match entry.subresource.as_deref() {
+                    Some("status") => status.insert(manager),
+                    _ => main.insert(manager),
+                };
+            }
+            (o.name_any(), (main, status))
+        })
+        .collect()
+}
+
+/// The part of each writer: bitpool alone writes the IP claims' status and the addresses; the
+/// Metal3Data and their secrets are not bitpool's in `capm3_renders` mode, and only bitpool's
+/// otherwise.
+async fn assert_one_writer_each(client: &Client, capm3_renders: bool) {
+    for (version, kind) in [
+        ("ipam.metal3.io/v1alpha1", "IPClaim"),
+        ("ipam.cluster.x-k8s.io/v1beta2", "IPAddressClaim"),
+    ] {
+        for (name, (_, status)) in writers(client, version, kind).await {
+            assert_eq!(
+                status,
+                BTreeSet::from([BITPOOL.to_string()]),
+                "{kind} {name}: status writers"
+            );
+        }
+    }
+    for (version, kind) in [
+        ("ipam.metal3.io/v1alpha1", "IPAddress"),
+        ("ipam.cluster.x-k8s.io/v1beta2", "IPAddress"),
+    ] {
+        for (name, (main, _)) in writers(client, version, kind).await {
+            assert_eq!(
+                main,
+                BTreeSet::from([BITPOOL.to_string()]),
+                "{kind} {name} ({version}): writers"
+            );
+        }
+    }
+    let datas = writers(
+        client,
+        "infrastructure.cluster.x-k8s.io/v1beta2",
+        "Metal3Data",
+    )
+    .await;
+    assert!(!datas.is_empty(), "Metal3Data were rendered");
+    let secrets = writers(client, "v1", "Secret").await;
+    let rendered = secrets
+        .into_iter()
+        .filter(|(name, _)| name.ends_with("-metadata") || name.ends_with("-networkdata"));
+    for (what, (main, status)) in datas
+        .into_iter()
+        .map(|(name, w)| (format!("Metal3Data {name}"), w))
+        .chain(rendered.map(|(name, w)| (format!("Secret {name}"), w)))
+    {
+        let by_bitpool = main.contains(BITPOOL) || status.contains(BITPOOL);
+        if capm3_renders {
+            assert!(!by_bitpool, "{what} is CAPM3's: {main:?} {status:?}");
+        } else {
+            // CAPM3 created none of them and never wrote to one.
+            assert_eq!(
+                main,
+                BTreeSet::from([BITPOOL.to_string()]),
+                "{what}: writers"
+            );
+            assert!(
+                status.iter().all(|m| m == BITPOOL),
+                "{what}: status writers {status:?}"
+            );
+        }
+    }
+}
+
+/// Deletes a Machine's Metal3Machine and then the Machine, as Cluster API's machine controller
+/// does on scale down, and waits until CAPM3 has let go of the host and the Metal3Data is gone.
+async fn scale_down(client: &Client, machine: &str, host: &str) {
+    let m3m = format!("m3-{machine}");
+    let v1beta2 = "infrastructure.cluster.x-k8s.io/v1beta2";
+    api(client, v1beta2, "Metal3Machine")
+        .delete(&m3m, &DeleteParams::default())
+        .await
+        .expect("delete the Metal3Machine");
+    eventually(&format!("{m3m} is gone"), WAIT, || async {
+        get(client, v1beta2, "Metal3Machine", &m3m)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    api(client, "cluster.x-k8s.io/v1beta2", "Machine")
+        .delete(machine, &DeleteParams::default())
+        .await
+        .expect("delete the Machine");
+    eventually(
+        &format!("{host} is released, its claims and Metal3Data gone"),
+        WAIT,
+        || async {
+            let bmh = get(client, "metal3.io/v1alpha1", "BareMetalHost", host).await?;
+            let claims = list(client, "ipam.metal3.io/v1alpha1", "IPClaim").await;
+            let datas = list(client, v1beta2, "Metal3Data").await;
+            (bmh.data["spec"]["consumerRef"].is_null()
+                && !claims.iter().any(|c| c.name_any().starts_with(host))
+                && datas.len() == 1)
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// Creates two machines, checks what CAPM3 attached to their hosts, scales one down and up again,
+/// and checks that the host kept its addresses and that each object had one writer.
+async fn two_machines_scale_down_and_up(client: &Client, capm3_renders: bool) {
+    create_cluster(client, !capm3_renders).await;
+    create_machine(client, "worker-a").await;
+    create_machine(client, "worker-b").await;
+    let a = rendered(client, "m3-worker-a").await;
+    let b = rendered(client, "m3-worker-b").await;
+    for r in [&a, &b] {
+        let host = HOSTS
+            .iter()
+            .position(|h| *h == r.host)
+            .expect("one of the hosts");
+        assert_eq!(
+            r.addresses.get("provisioning"),
+            Some(&preallocated(host)),
+            "{r:?}"
+        );
+        let capi = r.addresses.get("baremetal").expect("a CAPI pool address");
+        assert!(capi.starts_with("10.0.0."), "{r:?}");
+    }
+    assert_ne!(a.addresses["baremetal"], b.addresses["baremetal"]);
+    assert_one_writer_each(client, capm3_renders).await;
+
+    // Scale down and up: the new machine gets the freed host and the same addresses.
+    scale_down(client, "worker-b", &b.host).await;
+    create_machine(client, "worker-c").await;
+    let c = rendered(client, "m3-worker-c").await;
+    assert_eq!(
+        (&c.host, &c.addresses),
+        (&b.host, &b.addresses),
+        "the host keeps its addresses"
+    );
+    assert_one_writer_each(client, capm3_renders).await;
+}
+
+/// Mode "bitpool as the IPAM of a Metal3 cluster": CAPM3 renders the Metal3Data itself; its
+/// IPClaims (named after the host: BMH-name preallocation) and its IPAddressClaims (a template
+/// network on an InClusterIPPool by `fromPoolRef`) are served by bitpool's pools.
+#[tokio::test]
+async fn bitpool_serves_the_ip_claims_of_capm3_which_renders_the_data() {
+    let plane = Metal3Plane::start("capm3-ipam").await;
+    let client = plane.client.clone();
+    let bitpool = Bitpool::start_in(
+        &plane.kubeconfig,
+        "capm3-ipam",
+        &["--controllers=capi-ipam,metal3-ipam,migration-proxy"],
+    );
+    two_machines_scale_down_and_up(&client, true).await;
+    drop(bitpool);
+    drop(plane);
+}
+
+/// Mode "bitpool as the Metal3Data reconciler beside CAPM3": the template is handed to bitpool
+/// (`cluster.x-k8s.io/paused: bitpool`), which CAPM3's data controllers honour as a pause; bitpool
+/// allocates the indexes, makes the Metal3Data (handed over too), claims the addresses and
+/// renders the secrets that CAPM3 then attaches to the hosts.
+#[tokio::test]
+async fn bitpool_renders_the_data_of_a_template_handed_over_beside_capm3() {
+    let plane = Metal3Plane::start("capm3-data").await;
+    let client = plane.client.clone();
+    let bitpool = Bitpool::start_in(
+        &plane.kubeconfig,
+        "capm3-data",
+        &["--enable-bmh-name-based-preallocation"],
+    );
+    two_machines_scale_down_and_up(&client, false).await;
+    let datas = list(
+        &client,
+        "infrastructure.cluster.x-k8s.io/v1beta2",
+        "Metal3Data",
+    )
+    .await;
+    for data in datas {
+        let marker = data.annotations().get("cluster.x-k8s.io/paused").cloned();
+        assert_eq!(
+            marker.as_deref(),
+            Some("bitpool"),
+            "{} is handed over",
+            data.name_any()
+        );
+    }
+    drop(bitpool);
+    drop(plane);
+}
