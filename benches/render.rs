@@ -40,14 +40,14 @@ clusterName: c
 metaData:
   objectNames: [{key: name, object: machine}]
   indexes: [{key: index, offset: 10, prefix: node-}]
-  ipAddressesFromIPPool: [{key: ip, name: v4, apiGroup: "", kind: ""}]
+  ipAddressesFromPool: [{key: ip, name: v4, apiGroup: "", kind: ""}]
 networkData:
   links:
     ethernets:
     - {type: phy, id: eth0, macAddress: {fromHostInterface: eth0}}
     - {type: phy, id: eth1, macAddress: {fromHostInterface: eth1}}
     bonds:
-    - {bondMode: 802.3ad, id: bond0, macAddress: {fromHostInterface: eth0}, bondLinks: [eth0, eth1], parameters: {miimon: 100}}
+    - {bondMode: 802.3ad, id: bond0, macAddress: {fromHostInterface: eth0}, bondLinks: [eth0, eth1], parameters: [{name: miimon, value: 100}]}
     vlans:
     - {vlanID: 100, id: vlan100, vlanLink: bond0, macAddress: {fromHostInterface: eth0}}
   networks:

@@ -64,14 +64,92 @@ fn with_v1alpha1(
     let name = current.metadata.name.clone().unwrap_or_default();
     let mut merged = merge_crds(vec![v1alpha1, current], "v1alpha2")
         .unwrap_or_else(|e| unreachable!("{name}: both versions derive from one kind: {e}"));
-    merged.spec.conversion = Some(CustomResourceConversion {
+    merged.spec.conversion = Some(webhook_conversion());
+    merged
+}
+
+fn webhook_conversion() -> CustomResourceConversion {
+    CustomResourceConversion {
         strategy: "Webhook".into(),
         webhook: Some(WebhookConversion {
             client_config: Some(default_conversion()),
             conversion_review_versions: vec!["v1".into()],
         }),
-    });
-    merged
+    }
+}
+
+/// A Metal3Data kind at v1beta2 (storage, as CAPM3 1.13 and later store it) and v1beta1 (served,
+/// deprecated, as upstream), converted by bitpool's webhook. The v1beta1 schema is v1beta2's in
+/// v1beta1's spelling (see [`crate::webhook::metal3data_conversion`]).
+fn with_v1beta1(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let kind = crd.spec.names.kind.clone();
+    let Some(mut v1beta1) = crd.spec.versions.first().cloned() else {
+        unreachable!("{kind}: a derived CRD has its version");
+    };
+    v1beta1.name = "v1beta1".into();
+    v1beta1.storage = false;
+    v1beta1.deprecated = Some(true);
+    if let Some(schema) = v1beta1
+        .schema
+        .as_mut()
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+    {
+        let mut value = serde_json::to_value(&*schema)
+            .unwrap_or_else(|e| unreachable!("{kind}: a generated schema serialises: {e}"));
+        v1beta1_schema(&mut value, &kind);
+        *schema = serde_json::from_value(value)
+            .unwrap_or_else(|e| unreachable!("{kind}: the v1beta1 schema is a schema: {e}"));
+    }
+    crd.spec.versions.insert(0, v1beta1);
+    crd.spec.conversion = Some(webhook_conversion());
+    crd
+}
+
+/// Rewrites a v1beta2 Metal3Data kind's schema (JSON) into v1beta1's field names and shapes.
+fn v1beta1_schema(schema: &mut serde_json::Value, kind: &str) {
+    use serde_json::json;
+    let string = json!({"type": "string", "description": "Deprecated upstream; kept so that objects round-trip."});
+    if kind != "Metal3DataClaim"
+        && let Some(spec) = schema.pointer_mut("/properties/spec/properties")
+    {
+        spec["templateReference"] = string;
+    }
+    // v1beta1's references are whole ObjectReferences.
+    for reference in [
+        "/properties/spec/properties/claim/properties",
+        "/properties/spec/properties/template/properties",
+        "/properties/status/properties/renderedData/properties",
+    ] {
+        if kind != "Metal3DataTemplate"
+            && let Some(serde_json::Value::Object(fields)) = schema.pointer_mut(reference)
+        {
+            for field in ["apiVersion", "fieldPath", "kind", "resourceVersion", "uid"] {
+                fields.insert(field.into(), json!({"type": "string"}));
+            }
+        }
+    }
+    if kind != "Metal3DataTemplate" {
+        return;
+    }
+    if let Some(serde_json::Value::Object(meta_data)) =
+        schema.pointer_mut("/properties/spec/properties/metaData/properties")
+    {
+        for (v1beta1, v1beta2) in crate::webhook::metal3data_conversion::RENAMED {
+            if let Some(list) = meta_data.remove(v1beta2) {
+                meta_data.insert(v1beta1.to_string(), list);
+            }
+        }
+    }
+    let bond = "/properties/spec/properties/networkData/properties/links/properties/bonds/items/properties";
+    if let Some(bond) = schema.pointer_mut(bond) {
+        bond["parameters"] = json!({
+            "type": "object",
+            "additionalProperties": {"x-kubernetes-preserve-unknown-fields": true},
+        });
+    }
+    if let Some(status) = schema.pointer_mut("/properties/status/properties") {
+        status["indexes"] = json!({"type": "object", "additionalProperties": {"type": "integer", "format": "int64"}});
+    }
 }
 
 /// Points the conversion webhooks of `crds` (those that have one) at `client_config`.
@@ -102,9 +180,9 @@ pub fn served() -> Vec<CustomResourceDefinition> {
         metal3_ipam::IPPool::crd(),
         metal3_ipam::IPClaim::crd(),
         metal3_ipam::Metal3IPAddress::crd(),
-        metal3_data::Metal3DataTemplate::crd(),
-        metal3_data::Metal3Data::crd(),
-        metal3_data::Metal3DataClaim::crd(),
+        with_v1beta1(metal3_data::Metal3DataTemplate::crd()),
+        with_v1beta1(metal3_data::Metal3Data::crd()),
+        with_v1beta1(metal3_data::Metal3DataClaim::crd()),
     ])
 }
 

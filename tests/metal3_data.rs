@@ -123,7 +123,7 @@ impl Fixture {
         .await;
     }
 
-    /// A template written for CAPM3, plus a network on the InClusterIPPool by `fromPoolRef` (its
+    /// A template written for CAPM3 (at v1beta2), plus a network on the InClusterIPPool by `fromPoolRef` (its
     /// DNS servers by bitpool's `dnsFromPoolRef`) and one on a pool named by a BareMetalHost
     /// annotation.
     async fn template(&self) {
@@ -135,11 +135,11 @@ impl Fixture {
                 "metaData": {
                     "objectNames": [{"key": "name", "object": "machine"}],
                     "indexes": [{"key": "index", "offset": 100, "step": 1, "prefix": "node"}],
-                    "ipAddressesFromIPPool": [
+                    "ipAddressesFromPool": [
                         {"key": "ip", "name": "m3pool", "apiGroup": "ipam.metal3.io", "kind": "IPPool"},
                         {"key": "capi_ip", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"},
                     ],
-                    "dnsServersFromIPPool": [
+                    "dnsServersFromPool": [
                         {"key": "dns", "name": "m3pool", "apiGroup": "", "kind": ""},
                         {"key": "capi_dns", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"},
                     ],
@@ -456,7 +456,12 @@ async fn three_hosts_get_rendered_data_from_metal3_and_in_cluster_pools_and_rele
     let templates = f.env.api::<Metal3DataTemplate>();
     let indexes = eventually("template indexes", WAIT, || async {
         let t = templates.get("workers").await.ok()?;
-        let indexes = t.status?.indexes;
+        let indexes: BTreeMap<String, i64> = t
+            .status?
+            .indexes
+            .into_iter()
+            .map(|e| (e.name, e.index))
+            .collect();
         (indexes.len() == 3).then_some(indexes)
     })
     .await;
@@ -484,7 +489,7 @@ async fn three_hosts_get_rendered_data_from_metal3_and_in_cluster_pools_and_rele
     f.gone::<Metal3IPAddress>(&address_name).await;
     eventually("index released", WAIT, || async {
         let t = templates.get("workers").await.ok()?;
-        (!t.status?.indexes.contains_key("m3m-1")).then_some(())
+        (!t.status?.indexes.iter().any(|e| e.name == "m3m-1")).then_some(())
     })
     .await;
 
@@ -641,7 +646,7 @@ async fn a_template_error_is_reported_on_the_metal3_data() {
         "metadata": {"name": "workers", "namespace": f.ns(), "labels": f.labels()},
         "spec": {
             "clusterName": CLUSTER,
-            "metaData": {"ipAddressesFromIPPool": [{"key": "ip", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"}]},
+            "metaData": {"ipAddressesFromPool": [{"key": "ip", "name": "capipool", "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool"}]},
             "networkData": {"services": {"dnsFromIPPool": "capipool"}},
         }
     }))
@@ -784,7 +789,7 @@ async fn exhausted_pools_are_reported_on_the_metal3_data_and_retried() {
         "metadata": {"name": "tiny", "namespace": f.ns(), "labels": f.labels()},
         "spec": {
             "clusterName": CLUSTER,
-            "metaData": {"ipAddressesFromIPPool": [{"key": "ip", "name": "tiny-m3", "apiGroup": "ipam.metal3.io", "kind": "IPPool"}]},
+            "metaData": {"ipAddressesFromPool": [{"key": "ip", "name": "tiny-m3", "apiGroup": "ipam.metal3.io", "kind": "IPPool"}]},
         }
     }))
     .await;

@@ -10,9 +10,17 @@ use bitpool::api::metal3_data::Metal3DataTemplateSpec;
 use bitpool::render::{
     self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference, RenderError,
 };
+use bitpool::webhook::metal3data_conversion::{V1BETA1, V1BETA2, convert};
 
+/// A template spec written as CAPM3's documentation writes them (v1beta1), read as bitpool's
+/// v1beta2 types through the conversion webhook's code.
 fn template(yaml: &str) -> Metal3DataTemplateSpec {
-    serde_saphyr::from_str(yaml).expect("test template parses")
+    let spec: serde_json::Value = serde_saphyr::from_str(yaml).expect("test template parses");
+    let object = serde_json::json!({
+        "apiVersion": V1BETA1, "kind": "Metal3DataTemplate", "metadata": {"name": "t"}, "spec": spec,
+    });
+    let hub = convert(object, V1BETA2).expect("the template converts");
+    serde_json::from_value(hub["spec"].clone()).expect("the converted template parses")
 }
 
 fn host() -> Host {
@@ -370,7 +378,7 @@ fn rendering_errors_name_what_is_missing() {
         r#"illegal params "links", "mode" into bond params blob into link id=b0"#
     );
     let missing_pool = template(
-        "clusterName: c\nnetworkData: {networks: {ipv4: [{id: n, link: l, ipAddressFromIPPool: gone}]}}\n",
+        "clusterName: c\nnetworkData: {networks: {ipv4: [{id: net, link: l, ipAddressFromIPPool: gone}]}}\n",
     );
     assert_eq!(
         network_data(&missing_pool, &PoolAddresses::new()),

@@ -321,7 +321,7 @@ async fn malformed_objects_are_rejected_with_the_crd_validation_message() {
         ),
         (
             template,
-            json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3DataTemplate", "metadata": {"name": "wifi"},
+            json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2", "kind": "Metal3DataTemplate", "metadata": {"name": "wifi"},
                    "spec": {"clusterName": "c", "networkData": {"links": {"ethernets": [
                        {"type": "wifi", "id": "wlan0", "macAddress": {"string": "00:11:22:33:44:55"}}]}}}}),
             vec![

@@ -1,9 +1,10 @@
-//! CAPM3's Metal3DataTemplate, Metal3Data and Metal3DataClaim,
-//! `infrastructure.cluster.x-k8s.io/v1beta1`, with pool references by `apiGroup`/`kind`.
+//! CAPM3's Metal3DataTemplate, Metal3Data and Metal3DataClaim at
+//! `infrastructure.cluster.x-k8s.io/v1beta2` (what CAPM3 1.13 and later store, and bitpool's
+//! storage version), with pool references by `apiGroup`/`kind`. v1beta1 is served too, through
+//! [`crate::webhook::metal3data_conversion`]; its schema is derived from these types
+//! ([`crate::crds`]).
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{ObjectReference, SecretReference};
+use k8s_openapi::api::core::v1::SecretReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -26,7 +27,7 @@ pub const SECRET_TYPE: &str = "infrastructure.cluster.x-k8s.io/secret";
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "infrastructure.cluster.x-k8s.io",
-    version = "v1beta1",
+    version = "v1beta2",
     kind = "Metal3DataTemplate",
     doc = "How to render the metaData and networkData of each host of a cluster.",
     namespaced,
@@ -42,11 +43,10 @@ pub const SECRET_TYPE: &str = "infrastructure.cluster.x-k8s.io/secret";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Metal3DataTemplateSpec {
-    #[schemars(length(min = 1))]
+    /// The Cluster the template belongs to; empty for a template shared by several clusters
+    /// (CAPM3 1.14).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster_name: String,
-    /// Deprecated upstream; kept so that existing templates round-trip.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_reference: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta_data: Option<MetaData>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,9 +58,16 @@ pub struct Metal3DataTemplateSpec {
 pub struct Metal3DataTemplateStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_updated: Option<Time>,
-    /// Claim name → index of its Metal3Data.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub indexes: BTreeMap<String, i64>,
+    /// The index of each claim's Metal3Data.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indexes: Vec<IndexEntry>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct IndexEntry {
+    /// The Metal3DataClaim.
+    pub name: String,
+    pub index: i64,
 }
 
 /// The objects a metaData or MAC source can read from.
@@ -83,30 +90,14 @@ pub struct MetaData {
     pub indexes: Vec<MetaDataIndex>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub namespaces: Vec<MetaDataNamespace>,
-    #[serde(
-        rename = "ipAddressesFromIPPool",
-        default,
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub ip_addresses_from_ip_pool: Vec<FromPool>,
-    #[serde(
-        rename = "prefixesFromIPPool",
-        default,
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub prefixes_from_ip_pool: Vec<FromPool>,
-    #[serde(
-        rename = "gatewaysFromIPPool",
-        default,
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub gateways_from_ip_pool: Vec<FromPool>,
-    #[serde(
-        rename = "dnsServersFromIPPool",
-        default,
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub dns_servers_from_ip_pool: Vec<FromPool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses_from_pool: Vec<FromPool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefixes_from_pool: Vec<FromPool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways_from_pool: Vec<FromPool>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns_servers_from_pool: Vec<FromPool>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub from_host_interfaces: Vec<MetaDataHostInterface>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -314,9 +305,8 @@ pub struct BondLink {
     pub mtu: i32,
     pub mac_address: MacAddressSource,
     /// Extra `bond_<name>` keys of the rendered link, kept as written.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(schema_with = "bond_parameters")]
-    pub parameters: BTreeMap<String, serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<BondParameter>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub bond_links: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -324,11 +314,13 @@ pub struct BondLink {
     pub name: Option<String>,
 }
 
-fn bond_parameters(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "additionalProperties": super::schema::preserve_unknown(generator),
-    })
+/// One `bond_<name>: <value>` of a rendered bond.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct BondParameter {
+    pub name: String,
+    #[serde(default)]
+    #[schemars(schema_with = "super::schema::preserve_unknown")]
+    pub value: serde_json::Value,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -422,6 +414,9 @@ address_family!(
 pub struct PoolRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_group: Option<String>,
+    /// Required at v1beta1; at v1beta2 an empty kind (with an empty group) means a Metal3
+    /// IPPool, as for [`FromPool`].
+    #[serde(default)]
     pub kind: String,
     pub name: String,
 }
@@ -554,7 +549,7 @@ pub struct NetworkServices<F: AddressFamily> {
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "infrastructure.cluster.x-k8s.io",
-    version = "v1beta1",
+    version = "v1beta2",
     kind = "Metal3Data",
     doc = "The rendered metaData and networkData of one host.",
     namespaced,
@@ -572,13 +567,13 @@ pub struct Metal3DataSpec {
     #[serde(default)]
     pub index: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub template_reference: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta_data: Option<SecretReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_data: Option<SecretReference>,
-    pub claim: ObjectReference,
-    pub template: ObjectReference,
+    #[serde(default)]
+    pub claim: Metal3ObjectRef,
+    #[serde(default)]
+    pub template: Metal3ObjectRef,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -594,7 +589,7 @@ pub struct Metal3DataStatus {
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "infrastructure.cluster.x-k8s.io",
-    version = "v1beta1",
+    version = "v1beta2",
     kind = "Metal3DataClaim",
     doc = "A request by a Metal3Machine for rendered data from a Metal3DataTemplate.",
     namespaced,
@@ -608,14 +603,24 @@ pub struct Metal3DataStatus {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3DataClaim"}"#
 )]
 pub struct Metal3DataClaimSpec {
-    pub template: ObjectReference,
+    #[serde(default)]
+    pub template: Metal3ObjectRef,
+}
+
+/// An object of the same namespace (v1beta2's narrowing of v1beta1's `ObjectReference`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct Metal3ObjectRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Metal3DataClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rendered_data: Option<ObjectReference>,
+    pub rendered_data: Option<Metal3ObjectRef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_message: Option<String>,
 }

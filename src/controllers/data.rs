@@ -24,7 +24,7 @@ use crate::api::capi::{self, IPAddressClaim, IPAddressClaimSpec, IPPoolReference
 use crate::api::labels;
 use crate::api::metal3_data::{
     DATA_FINALIZER, DATA_NAME_LABEL, Metal3Data, Metal3DataClaim, Metal3DataTemplate,
-    POOL_NAME_LABEL, SECRET_TYPE,
+    Metal3ObjectRef, POOL_NAME_LABEL, SECRET_TYPE,
 };
 use crate::api::metal3_hosts::{
     AnyMetal3Machine, BARE_METAL_HOST_ANNOTATION, BareMetalHost, Metal3Machine,
@@ -166,6 +166,7 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
         )));
     };
     if let Some(cluster) = data.labels().get(labels::CLUSTER_NAME)
+        && !template.spec.cluster_name.is_empty()
         && *cluster != template.spec.cluster_name
     {
         return Ok(Step::Failed(
@@ -267,11 +268,15 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
         return Ok(Step::Waiting(waiting.join("; ")));
     }
 
+    // CAPM3 labels the secrets with the template's Cluster; a template shared by several
+    // clusters names none, and the Metal3Data's own Cluster is the one.
     let cluster = template
         .labels()
         .get(labels::CLUSTER_NAME)
+        .or_else(|| Some(&template.spec.cluster_name).filter(|c| !c.is_empty()))
+        .or_else(|| data.labels().get(labels::CLUSTER_NAME))
         .cloned()
-        .unwrap_or_else(|| template.spec.cluster_name.clone());
+        .unwrap_or_default();
     if let (true, Some(meta), Some(reference)) = (meta_missing, &template.spec.meta_data, &meta_ref)
     {
         match render::meta_data(meta, &host, &addresses) {
@@ -770,7 +775,7 @@ pub fn data_of_claim(claim: &Metal3DataClaim) -> Option<ObjectRef<Metal3Data>> {
 
 /// The template a Metal3DataClaim or Metal3Data names (an empty namespace means its own).
 pub fn template_of(
-    reference: &ObjectReference,
+    reference: &Metal3ObjectRef,
     namespace: Option<&str>,
 ) -> Option<ObjectRef<Metal3DataTemplate>> {
     let name = reference.name.as_deref()?;

@@ -10,7 +10,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
@@ -22,8 +21,8 @@ use super::error::Error;
 use super::objects::{self, FinalizerPatch};
 use crate::api::labels;
 use crate::api::metal3_data::{
-    DATA_CLAIM_FINALIZER, Metal3Data, Metal3DataClaim, Metal3DataSpec, Metal3DataTemplate,
-    TEMPLATE_FINALIZER,
+    DATA_CLAIM_FINALIZER, IndexEntry, Metal3Data, Metal3DataClaim, Metal3DataSpec,
+    Metal3DataTemplate, Metal3ObjectRef, TEMPLATE_FINALIZER,
 };
 
 /// How soon to look again after losing a race with another writer.
@@ -52,7 +51,7 @@ pub fn lowest_free(taken: &BTreeSet<i64>) -> i64 {
         .unwrap_or(taken.len() as i64)
 }
 
-fn same_template(reference: &ObjectReference, namespace: &str, template: &str) -> bool {
+fn same_template(reference: &Metal3ObjectRef, namespace: &str, template: &str) -> bool {
     reference.name.as_deref() == Some(template)
         && reference
             .namespace
@@ -66,7 +65,7 @@ pub fn of_template<K>(
     store: &Store<K>,
     namespace: &str,
     name: &str,
-    reference: impl Fn(&K) -> &ObjectReference,
+    reference: impl Fn(&K) -> &Metal3ObjectRef,
 ) -> Vec<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone,
@@ -296,15 +295,13 @@ async fn create_data(
         },
         spec: Metal3DataSpec {
             index,
-            claim: ObjectReference {
+            claim: Metal3ObjectRef {
                 name: Some(claim.name_any()),
                 namespace: namespace.clone(),
-                ..Default::default()
             },
-            template: ObjectReference {
+            template: Metal3ObjectRef {
                 name: Some(template_name.clone()),
                 namespace,
-                ..Default::default()
             },
             ..Default::default()
         },
@@ -363,10 +360,14 @@ async fn write_indexes(
     template: &Metal3DataTemplate,
     datas: &[Arc<Metal3Data>],
 ) -> Result<(), Error> {
-    let indexes: BTreeMap<String, i64> = datas
+    let by_claim: BTreeMap<String, i64> = datas
         .iter()
         .filter(|d| d.meta().deletion_timestamp.is_none())
         .filter_map(|d| Some((d.spec.claim.name.clone()?, d.spec.index)))
+        .collect();
+    let indexes: Vec<IndexEntry> = by_claim
+        .into_iter()
+        .map(|(name, index)| IndexEntry { name, index })
         .collect();
     let current = template
         .status
@@ -380,7 +381,8 @@ async fn write_indexes(
         ctx.client.clone(),
         &template.namespace().unwrap_or_default(),
     );
-    let patch = objects::indexes_patch(&current, &indexes, objects::now());
+    // A list: a merge patch replaces it whole.
+    let patch = json!({ "status": { "indexes": indexes, "lastUpdated": objects::now() } });
     objects::merge_status(&api, &template.name_any(), patch).await
 }
 

@@ -133,8 +133,8 @@ where
     }
 }
 
-/// The status patch that makes `status.indexes` (claim name → index, on Metal3 IPPools and
-/// Metal3DataTemplates) equal `next`. A merge patch merges maps, so claims no longer listed are
+/// The status patch that makes `status.indexes` (claim name → address, on Metal3 IPPools) equal
+/// `next`. A merge patch merges maps, so claims no longer listed are
 /// written as null.
 pub fn indexes_patch<V: serde::Serialize>(
     current: &BTreeMap<String, V>,

@@ -127,20 +127,20 @@ pub fn meta_data(
         };
         values.insert(entry.key.clone(), mac);
     }
-    for entry in &template.ip_addresses_from_ip_pool {
+    for entry in &template.ip_addresses_from_pool {
         values.insert(entry.key.clone(), pool(pools, &entry.name)?.address.clone());
     }
-    for entry in &template.prefixes_from_ip_pool {
+    for entry in &template.prefixes_from_pool {
         values.insert(
             entry.key.clone(),
             pool(pools, &entry.name)?.prefix.to_string(),
         );
     }
-    for entry in &template.gateways_from_ip_pool {
+    for entry in &template.gateways_from_pool {
         values.insert(entry.key.clone(), pool(pools, &entry.name)?.gateway.clone());
     }
     // Beyond CAPM3, which claims these pools but never renders them: the servers, comma-separated.
-    for entry in &template.dns_servers_from_ip_pool {
+    for entry in &template.dns_servers_from_pool {
         values.insert(
             entry.key.clone(),
             pool(pools, &entry.name)?.dns_servers.join(","),
@@ -301,7 +301,13 @@ fn links(template: &NetworkData, host: &Host) -> Result<Value, RenderError> {
         let mac = mac_address(&bond.mac_address, host)?;
         let mut entry = link_entry(fixed, bond.name.as_ref(), "ethernet_mac_address", mac);
         let mut illegal = vec![];
-        for (name, value) in &bond.parameters {
+        // A name given twice takes its last value.
+        let parameters: BTreeMap<&String, &serde_json::Value> = bond
+            .parameters
+            .iter()
+            .map(|p| (&p.name, &p.value))
+            .collect();
+        for (name, value) in parameters {
             let key = format!("bond_{name}");
             if entry.iter().any(|(k, _)| *k == key) {
                 illegal.push(name.clone());

@@ -225,11 +225,11 @@ pub fn referenced_pools(
     let mut pools = Collected::default();
     if let Some(meta) = &template.meta_data {
         for entry in meta
-            .ip_addresses_from_ip_pool
+            .ip_addresses_from_pool
             .iter()
-            .chain(&meta.prefixes_from_ip_pool)
-            .chain(&meta.gateways_from_ip_pool)
-            .chain(&meta.dns_servers_from_ip_pool)
+            .chain(&meta.prefixes_from_pool)
+            .chain(&meta.gateways_from_pool)
+            .chain(&meta.dns_servers_from_pool)
         {
             pools.add(PoolReference::new(
                 Some(&entry.api_group),

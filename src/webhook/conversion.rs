@@ -79,6 +79,9 @@ pub fn convert(object: Value, desired: &str) -> Result<Value, ConversionError> {
     if from == desired {
         return Ok(object);
     }
+    if from.starts_with(&format!("{}/", super::metal3data_conversion::GROUP)) {
+        return super::metal3data_conversion::convert(object, desired);
+    }
     match (KINDS.contains(&kind.as_str()), from.as_str(), desired) {
         (true, V1ALPHA1, V1ALPHA2) => to_v1alpha2(object),
         (true, V1ALPHA2, V1ALPHA1) => to_v1alpha1(object),
@@ -101,10 +104,16 @@ fn spec_of(object: &Value) -> Map<String, Value> {
 
 /// The annotation's value, parsed, and the object without it.
 fn take_data(object: &mut Value) -> Option<Value> {
+    take_annotation(object, DATA_ANNOTATION)
+}
+
+/// Removes the annotation `key` (and an annotation map it leaves empty); returns its value
+/// parsed as JSON.
+pub(super) fn take_annotation(object: &mut Value, key: &str) -> Option<Value> {
     let annotations = object
         .pointer_mut("/metadata/annotations")
         .and_then(Value::as_object_mut)?;
-    let data = annotations.remove(DATA_ANNOTATION)?;
+    let data = annotations.remove(key)?;
     if annotations.is_empty()
         && let Some(metadata) = object
             .pointer_mut("/metadata")

@@ -4,10 +4,13 @@
 //! - [`rules`]: what is allowed, as plain functions;
 //! - [`admission`]: AdmissionReviews: which rules apply to which object, and the cluster state
 //!   (allocated addresses, the pool a claim names) they need;
-//! - [`conversion`]: the v1alpha1 ↔ v1alpha2 pool conversion.
+//! - [`conversion`]: the v1alpha1 ↔ v1alpha2 pool conversion, and the routing of every
+//!   ConversionReview;
+//! - [`metal3data_conversion`]: the v1beta1 ↔ v1beta2 conversion of the Metal3Data kinds.
 
 pub mod admission;
 pub mod conversion;
+pub mod metal3data_conversion;
 pub mod rules;
 pub mod server;
 
