@@ -3,7 +3,9 @@
 //! - [`alloc`]: the allocation core, where an address is chosen (no Kubernetes in it).
 //! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
 //! - [`crds`]: the CustomResourceDefinitions generated from those types.
-//! - [`controllers`]: the reconcilers (fetch, compute with [`alloc`], apply, write status).
+//! - [`controllers`]: the IPAM reconcilers (fetch, compute with [`alloc`], apply, write status)
+//!   and the wiring every controller shares.
+//! - [`metal3data`]: the Metal3Data reconciler (templates, indexes, claims, rendered secrets).
 //! - [`render`]: a host's metaData and networkData from its template, as CAPM3 writes them.
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
 //! - [`webhook`]: the admission and conversion webhooks.
@@ -18,6 +20,7 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod crds;
+pub mod metal3data;
 pub mod migrate;
 pub mod net;
 pub mod ops;

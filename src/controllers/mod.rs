@@ -6,8 +6,7 @@
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
 //! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
 //! - [`claims`]: claims whose pool does not exist;
-//! - [`data_template`]: Metal3DataClaims → indexes and Metal3Data;
-//! - [`data`]: Metal3Data → IP claims of the right kind, rendered metaData/networkData secrets;
+//! - the Metal3Data reconciler's controllers, from [`crate::metal3data`];
 //! - [`ledger`], [`intent`] and [`transaction`]: the per-pool record that makes the API server
 //!   the judge of every allocation, the pure transaction applied to it, and how it is read,
 //!   rebuilt and committed;
@@ -17,8 +16,6 @@
 pub mod capi;
 pub mod claims;
 pub mod context;
-pub mod data;
-pub mod data_template;
 pub mod error;
 pub mod intent;
 pub mod kinds;
@@ -51,6 +48,7 @@ use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
+use crate::metal3data;
 use pool::{PoolDialect, PoolKey};
 
 /// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
@@ -77,8 +75,8 @@ fn watch_config(settings: &Settings, filtered: bool) -> watcher::Config {
 }
 
 /// A shared cache of `K` kept by one watch, and a way to subscribe to its changes.
-struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
-    store: Store<K>,
+pub(crate) struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
+    pub(crate) store: Store<K>,
     writer: Option<reflector::store::Writer<K>>,
     driver: Option<tokio::task::JoinHandle<()>>,
 }
@@ -97,7 +95,7 @@ where
         }
     }
 
-    fn subscribe(&self) -> Option<ReflectHandle<K>> {
+    pub(crate) fn subscribe(&self) -> Option<ReflectHandle<K>> {
         self.writer.as_ref()?.subscribe()
     }
 
@@ -199,11 +197,11 @@ async fn crd_exists(client: &Client, name: &str) -> bool {
 }
 
 /// One shared cache per watched kind.
-struct Caches {
-    claims: Shared<IPAddressClaim>,
-    addresses: Shared<IPAddress>,
-    ipclaims: Shared<IPClaim>,
-    metal3_addresses: Shared<Metal3IPAddress>,
+pub(crate) struct Caches {
+    pub(crate) claims: Shared<IPAddressClaim>,
+    pub(crate) addresses: Shared<IPAddress>,
+    pub(crate) ipclaims: Shared<IPClaim>,
+    pub(crate) metal3_addresses: Shared<Metal3IPAddress>,
     clusters: Option<Shared<Cluster>>,
 }
 
@@ -288,13 +286,15 @@ pub async fn run(
             let controller = Controller::for_shared_stream(trigger, caches.claims.store.clone());
             configure(controller, &config, &stopped, &ctx)
         });
-    let template_controller = template_controller(&data_templates, &datas, &data_claims)
-        .filter(|_| groups.metal3_data)
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let orphan_data_claims = orphan_data_claim_controller(&data_claims, &data_templates, &ctx)
-        .filter(|_| groups.metal3_data)
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let data_controller = data_controller(&datas, &data_claims, &caches, &ctx)
+    let template_controller =
+        metal3data::template_controller(&data_templates, &datas, &data_claims)
+            .filter(|_| groups.metal3_data)
+            .map(|c| configure(c, &config, &stopped, &ctx));
+    let orphan_data_claims =
+        metal3data::orphan_data_claim_controller(&data_claims, &data_templates, &ctx)
+            .filter(|_| groups.metal3_data)
+            .map(|c| configure(c, &config, &stopped, &ctx));
+    let data_controller = metal3data::data_controller(&datas, &data_claims, &caches, &ctx)
         .filter(|_| groups.metal3_data)
         .map(|c| configure(c, &config, &stopped, &ctx));
 
@@ -369,7 +369,7 @@ pub async fn run(
         let templates = async {
             if let Some(c) = template_controller {
                 drive(c.run(
-                    |o, c| guarded(o, c, data_template::reconcile),
+                    |o, c| guarded(o, c, metal3data::template::reconcile),
                     error_policy,
                     ctx.clone(),
                 ))
@@ -379,7 +379,7 @@ pub async fn run(
         let datas = async {
             if let Some(c) = data_controller {
                 drive(c.run(
-                    |o, c| guarded(o, c, data::reconcile),
+                    |o, c| guarded(o, c, metal3data::data::reconcile),
                     error_policy,
                     ctx.clone(),
                 ))
@@ -389,7 +389,7 @@ pub async fn run(
         let orphans = async {
             if let Some(c) = orphan_data_claims {
                 drive(c.run(
-                    |o, c| guarded(o, c, data_template::reconcile_claim),
+                    |o, c| guarded(o, c, metal3data::template::reconcile_claim),
                     error_policy,
                     ctx.clone(),
                 ))
@@ -539,81 +539,4 @@ where
         });
     }
     Some(controller)
-}
-
-/// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
-fn template_controller(
-    templates: &Shared<Metal3DataTemplate>,
-    datas: &Shared<Metal3Data>,
-    data_claims: &Shared<Metal3DataClaim>,
-) -> Option<Controller<Metal3DataTemplate>> {
-    Some(
-        Controller::for_shared_stream(templates.subscribe()?, templates.store.clone())
-            .watches_shared_stream(data_claims.subscribe()?, |claim| {
-                data::template_of(&claim.spec.template, claim.meta().namespace.as_deref())
-            })
-            .watches_shared_stream(datas.subscribe()?, |d| {
-                data::template_of(&d.spec.template, d.meta().namespace.as_deref())
-            }),
-    )
-}
-
-/// Metal3DataClaims whose template is missing (see [`data_template::reconcile_claim`]),
-/// triggered again when a template of their name appears.
-fn orphan_data_claim_controller(
-    data_claims: &Shared<Metal3DataClaim>,
-    templates: &Shared<Metal3DataTemplate>,
-    ctx: &Arc<Context>,
-) -> Option<Controller<Metal3DataClaim>> {
-    let ctx = ctx.clone();
-    Some(
-        Controller::for_shared_stream(data_claims.subscribe()?, data_claims.store.clone())
-            .watches_shared_stream(templates.subscribe()?, move |template| {
-                let namespace = template.meta().namespace.clone().unwrap_or_default();
-                let name = template.meta().name.clone().unwrap_or_default();
-                data_template::of_template(&ctx.data_claims, &namespace, &name, |c| {
-                    &c.spec.template
-                })
-                .into_iter()
-                .map(|c| ObjectRef::from_obj(&*c))
-                .collect::<Vec<_>>()
-            }),
-    )
-}
-
-/// Metal3Data, triggered by their Metal3DataClaims, the IP claims they own and those claims'
-/// addresses.
-fn data_controller(
-    datas: &Shared<Metal3Data>,
-    data_claims: &Shared<Metal3DataClaim>,
-    caches: &Caches,
-    ctx: &Arc<Context>,
-) -> Option<Controller<Metal3Data>> {
-    let (for_capi, for_metal3) = (ctx.clone(), ctx.clone());
-    Some(
-        Controller::for_shared_stream(datas.subscribe()?, datas.store.clone())
-            .watches_shared_stream(data_claims.subscribe()?, |claim| {
-                data::data_of_claim(&claim)
-            })
-            .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
-                data::owner_data(claim.meta())
-            })
-            .watches_shared_stream(caches.claims.subscribe()?, |claim| {
-                data::owner_data(claim.meta())
-            })
-            .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
-                let ns = address.meta().namespace.as_deref()?;
-                let claim = for_capi
-                    .claims
-                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))?;
-                data::owner_data(claim.meta())
-            })
-            .watches_shared_stream(caches.metal3_addresses.subscribe()?, move |address| {
-                let ns = address.meta().namespace.as_deref()?;
-                let claim = for_metal3
-                    .ipclaims
-                    .get(&ObjectRef::new(address.spec.claim.name.as_deref()?).within(ns))?;
-                data::owner_data(claim.meta())
-            }),
-    )
 }

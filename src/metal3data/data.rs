@@ -17,9 +17,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::Context;
-use super::error::Error;
-use super::objects::{self, FinalizerPatch};
 use crate::api::capi::{self, IPAddressClaim, IPAddressClaimSpec, IPPoolReference, Machine};
 use crate::api::labels;
 use crate::api::metal3_data::{
@@ -31,6 +28,9 @@ use crate::api::metal3_hosts::{
     metal3_machine_resource,
 };
 use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
+use crate::controllers::Context;
+use crate::controllers::error::Error;
+use crate::controllers::objects::{self, FinalizerPatch};
 use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
 
 /// How often a Metal3Data that waits on objects bitpool does not watch looks again.

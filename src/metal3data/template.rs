@@ -16,14 +16,14 @@ use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::Context;
-use super::error::Error;
-use super::objects::{self, FinalizerPatch};
 use crate::api::labels;
 use crate::api::metal3_data::{
     DATA_CLAIM_FINALIZER, IndexEntry, Metal3Data, Metal3DataClaim, Metal3DataSpec,
     Metal3DataTemplate, Metal3ObjectRef, TEMPLATE_FINALIZER,
 };
+use crate::controllers::Context;
+use crate::controllers::error::Error;
+use crate::controllers::objects::{self, FinalizerPatch};
 
 /// How soon to look again after losing a race with another writer.
 const RETRY: Duration = Duration::from_secs(1);

@@ -1,0 +1,95 @@
+//! The Metal3Data reconciler, apart from the IPAM it claims addresses from:
+//!
+//! - [`template`]: Metal3DataTemplate — each Metal3DataClaim gets the lowest free index and its
+//!   Metal3Data;
+//! - [`data`]: Metal3Data — an IP claim of the right kind per referenced pool, the rendered
+//!   metaData and networkData secrets ([`crate::render`]), released on deletion.
+//!
+//! The controllers below run in [`crate::controllers::run`], on the shared watch caches.
+
+pub mod data;
+pub mod template;
+
+use std::sync::Arc;
+
+use kube::Resource;
+use kube::runtime::Controller;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
+use crate::controllers::{Caches, Context, Shared};
+
+/// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
+pub(crate) fn template_controller(
+    templates: &Shared<Metal3DataTemplate>,
+    datas: &Shared<Metal3Data>,
+    data_claims: &Shared<Metal3DataClaim>,
+) -> Option<Controller<Metal3DataTemplate>> {
+    Some(
+        Controller::for_shared_stream(templates.subscribe()?, templates.store.clone())
+            .watches_shared_stream(data_claims.subscribe()?, |claim| {
+                data::template_of(&claim.spec.template, claim.meta().namespace.as_deref())
+            })
+            .watches_shared_stream(datas.subscribe()?, |d| {
+                data::template_of(&d.spec.template, d.meta().namespace.as_deref())
+            }),
+    )
+}
+
+/// Metal3DataClaims whose template is missing (see [`template::reconcile_claim`]),
+/// triggered again when a template of their name appears.
+pub(crate) fn orphan_data_claim_controller(
+    data_claims: &Shared<Metal3DataClaim>,
+    templates: &Shared<Metal3DataTemplate>,
+    ctx: &Arc<Context>,
+) -> Option<Controller<Metal3DataClaim>> {
+    let ctx = ctx.clone();
+    Some(
+        Controller::for_shared_stream(data_claims.subscribe()?, data_claims.store.clone())
+            .watches_shared_stream(templates.subscribe()?, move |template| {
+                let namespace = template.meta().namespace.clone().unwrap_or_default();
+                let name = template.meta().name.clone().unwrap_or_default();
+                template::of_template(&ctx.data_claims, &namespace, &name, |c| &c.spec.template)
+                    .into_iter()
+                    .map(|c| ObjectRef::from_obj(&*c))
+                    .collect::<Vec<_>>()
+            }),
+    )
+}
+
+/// Metal3Data, triggered by their Metal3DataClaims, the IP claims they own and those claims'
+/// addresses.
+pub(crate) fn data_controller(
+    datas: &Shared<Metal3Data>,
+    data_claims: &Shared<Metal3DataClaim>,
+    caches: &Caches,
+    ctx: &Arc<Context>,
+) -> Option<Controller<Metal3Data>> {
+    let (for_capi, for_metal3) = (ctx.clone(), ctx.clone());
+    Some(
+        Controller::for_shared_stream(datas.subscribe()?, datas.store.clone())
+            .watches_shared_stream(data_claims.subscribe()?, |claim| {
+                data::data_of_claim(&claim)
+            })
+            .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
+                data::owner_data(claim.meta())
+            })
+            .watches_shared_stream(caches.claims.subscribe()?, |claim| {
+                data::owner_data(claim.meta())
+            })
+            .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
+                let ns = address.meta().namespace.as_deref()?;
+                let claim = for_capi
+                    .claims
+                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))?;
+                data::owner_data(claim.meta())
+            })
+            .watches_shared_stream(caches.metal3_addresses.subscribe()?, move |address| {
+                let ns = address.meta().namespace.as_deref()?;
+                let claim = for_metal3
+                    .ipclaims
+                    .get(&ObjectRef::new(address.spec.claim.name.as_deref()?).within(ns))?;
+                data::owner_data(claim.meta())
+            }),
+    )
+}
