@@ -653,6 +653,61 @@ async fn two_machines_scale_down_and_up(client: &Client, capm3_renders: bool) {
         "the host keeps its addresses"
     );
     assert_one_writer_each(client, capm3_renders).await;
+    assert_nothing_written_at_rest(client).await;
+}
+
+/// The objects of the IPAM and the Metal3Data kinds, and the rendered secrets, by resourceVersion.
+async fn versions(client: &Client) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (version, kind) in [
+        ("ipam.metal3.io/v1alpha1", "IPPool"),
+        ("ipam.metal3.io/v1alpha1", "IPClaim"),
+        ("ipam.metal3.io/v1alpha1", "IPAddress"),
+        ("ipam.cluster.x-k8s.io/v1alpha2", "InClusterIPPool"),
+        ("ipam.cluster.x-k8s.io/v1beta2", "IPAddressClaim"),
+        ("ipam.cluster.x-k8s.io/v1beta2", "IPAddress"),
+        (
+            "infrastructure.cluster.x-k8s.io/v1beta2",
+            "Metal3DataTemplate",
+        ),
+        ("infrastructure.cluster.x-k8s.io/v1beta2", "Metal3DataClaim"),
+        ("infrastructure.cluster.x-k8s.io/v1beta2", "Metal3Data"),
+        ("v1", "Secret"),
+    ] {
+        for object in list(client, version, kind).await {
+            let key = format!("{version} {kind} {}", object.name_any());
+            out.insert(key, object.resource_version().unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// Settled, neither bitpool nor CAPM3 writes to these objects: watched for a little longer than
+/// CAPM3's 30 s requeue of the objects it waits on.
+async fn assert_nothing_written_at_rest(client: &Client) {
+    // Settled first: the last status writes (pool counts, template indexes) land.
+    let mut before = versions(client).await;
+    let settle = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = versions(client).await;
+        if now == before {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < settle, "never settled");
+        before = now;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(31);
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = versions(client).await;
+        let changed: Vec<_> = now
+            .iter()
+            .filter(|(k, v)| before.get(*k) != Some(*v))
+            .map(|(k, _)| k)
+            .collect();
+        assert!(changed.is_empty(), "written at rest: {changed:?}");
+    }
 }
 
 /// Mode "bitpool as the IPAM of a Metal3 cluster": CAPM3 renders the Metal3Data itself; its

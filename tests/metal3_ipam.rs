@@ -666,6 +666,67 @@ async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
     );
 }
 
+/// `--controllers=capi-ipam,migration-proxy` (Metal3's own IPAM still serving the pools with
+/// ranges): bitpool serves the proxied pool and leaves the pool with ranges, its claim and its
+/// status to whoever serves Metal3 pools.
+#[tokio::test]
+async fn the_migration_proxy_group_alone_serves_proxied_pools_only() {
+    let Some(env) = Env::new("m3-proxy-only").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &["--controllers=capi-ipam,migration-proxy"]);
+    support::ipam::capi_pool(
+        &env,
+        "new-pool",
+        support::ipam::capi_spec(&["10.51.0.0/24"], 24),
+    )
+    .await;
+    let mut proxied = pool_spec(vec![]);
+    proxied.name_prefix = "test1-proxied".into();
+    proxied.pool_ref = Some(IPPoolReference {
+        api_group: "ipam.cluster.x-k8s.io".into(),
+        kind: "InClusterIPPool".into(),
+        name: "new-pool".into(),
+    });
+    env.pool("proxied", proxied).await;
+    env.pool(
+        "ranges",
+        pool_spec(vec![range("192.168.0.10", "192.168.0.20")]),
+    )
+    .await;
+    env.create_ipclaim(env.ipclaim("on-ranges", "ranges")).await;
+    env.create_ipclaim(env.ipclaim("on-proxied", "proxied"))
+        .await;
+
+    assert!(
+        env.allocated("on-proxied")
+            .await
+            .spec
+            .address
+            .starts_with("10.51.0.")
+    );
+    // Several round trips later than the pool with ranges and its claim were reported to the
+    // same controller: they are still as they were written.
+    let claim = env
+        .api::<IPClaim>()
+        .get("on-ranges")
+        .await
+        .expect("the claim");
+    assert_eq!(claim.status, None, "{claim:?}");
+    assert!(claim.finalizers().is_empty(), "{claim:?}");
+    let pool = env.api::<IPPool>().get("ranges").await.expect("the pool");
+    assert!(
+        pool.status.is_none() && pool.finalizers().is_empty(),
+        "{pool:?}"
+    );
+    let addresses = env
+        .api::<Metal3IPAddress>()
+        .list(&Default::default())
+        .await
+        .expect("list");
+    assert_eq!(addresses.items.len(), 1, "only the proxied claim's address");
+}
+
 #[tokio::test]
 async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
     let Some(env) = Env::new("m3-cluster").await else {
