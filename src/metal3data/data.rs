@@ -729,7 +729,11 @@ async fn release(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Res
         }
     }
     tracing::info!(data = %data_name, claims = released, "released the IP claims of a deleted Metal3Data");
-    objects::remove_finalizer(api, data, DATA_FINALIZER).await?;
+    // The template controller removes its own finalizer from the same list: losing that race
+    // is no event for this controller, so look again soon.
+    if objects::remove_finalizer(api, data, DATA_FINALIZER).await? == FinalizerPatch::Stale {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     Ok(Action::await_change())
 }
 
