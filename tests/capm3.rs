@@ -108,7 +108,7 @@ struct Capm3 {
 
 impl Capm3 {
     fn start(kubeconfig: &std::path::Path, certs: &Certs, port: u16, name: &str) -> Self {
-        let bin = tool("capm3");
+        let bin = support::hack_script("tools.sh", &["capm3"]);
         let dir = root().join("target/test-logs");
         std::fs::create_dir_all(&dir).expect("create target/test-logs");
         let log = dir.join(format!("capm3-{name}.log"));
@@ -141,17 +141,6 @@ impl Drop for Capm3 {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The path of a tool `hack/tools.sh` builds (once, cached).
-fn tool(name: &str) -> PathBuf {
-    let output = Command::new(root().join("hack/tools.sh"))
-        .arg(name)
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .expect("run hack/tools.sh");
-    assert!(output.status.success(), "hack/tools.sh {name} failed");
-    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
 }
 
 /// A control plane with Cluster API's, CAPM3's and BMO's CRDs, CAPM3 running, and bitpool's IPAM

@@ -37,12 +37,6 @@ fn run(command: &mut Command, what: &str) -> String {
     text
 }
 
-fn script(name: &str, args: &[&str]) -> PathBuf {
-    let mut command = Command::new(root().join("hack").join(name));
-    command.args(args).stderr(std::process::Stdio::inherit());
-    PathBuf::from(run(&mut command, name).trim().to_string())
-}
-
 struct Clusterctl {
     bin: PathBuf,
     config: PathBuf,
@@ -52,9 +46,9 @@ struct Clusterctl {
 
 impl Clusterctl {
     fn new(plane: &Dedicated) -> Self {
-        let bin = script("tools.sh", &["clusterctl"]);
+        let bin = support::hack_script("tools.sh", &["clusterctl"]);
         let repo = plane.dir.join("repository");
-        let config = script(
+        let config = support::hack_script(
             "clusterctl-repo.sh",
             &[repo.to_str().expect("a UTF-8 path")],
         );

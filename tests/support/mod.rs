@@ -17,6 +17,18 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
+/// Runs `hack/<name> <args>` (its progress on the test's stderr) and returns the path it prints:
+/// what the scripts that build or render something (tools.sh, clusterctl-repo.sh) answer.
+pub fn hack_script(name: &str, args: &[&str]) -> PathBuf {
+    let output = std::process::Command::new(root().join("hack").join(name))
+        .args(args)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("run hack/{name}: {e}"));
+    assert!(output.status.success(), "hack/{name} {args:?} failed");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
 /// The repository root.
 pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
