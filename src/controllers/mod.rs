@@ -25,6 +25,7 @@ pub mod objects;
 pub mod pool;
 pub mod proxy;
 pub mod transaction;
+pub mod trigger;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -36,7 +37,7 @@ use futures::{StreamExt, future};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
@@ -95,8 +96,9 @@ where
         }
     }
 
-    pub(crate) fn subscribe(&self) -> Option<ReflectHandle<K>> {
-        self.writer.as_ref()?.subscribe()
+    /// The cache's changes, for a controller's triggers (see [`trigger::eager`]).
+    pub(crate) fn subscribe(&self) -> Option<impl futures::Stream<Item = Arc<K>> + Send + 'static> {
+        Some(trigger::eager(self.writer.as_ref()?.subscribe()?))
     }
 
     /// Starts the watch that fills the cache (after every subscriber is registered).
@@ -107,6 +109,7 @@ where
         let kind = K::kind(&()).to_string();
         let stream = watcher(api, config)
             .default_backoff()
+            .modify(strip)
             .reflect_shared(writer)
             .for_each(move |event| {
                 if let Err(e) = event {
@@ -115,6 +118,16 @@ where
                 future::ready(())
             });
         self.driver = Some(tokio::spawn(stream));
+    }
+}
+
+/// What no reconcile reads, dropped before an object enters a cache: managed fields (often most
+/// of an object's size) and kubectl's copy of the last applied object.
+fn strip<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
 }
 
