@@ -1053,28 +1053,37 @@ async fn repair_record<P: PoolDialect>(
     Ok(())
 }
 
-/// Address objects of the pool whose claim is gone (checked on the server): left behind by a
-/// crash between a claim's release and its address object's deletion, or created from a stale
-/// view of a claim that was being deleted.
+/// Address objects of the pool whose claim is gone (checked on the server, at most a batch at a
+/// time, in parallel): left behind by a crash between a claim's release and its address object's
+/// deletion, or created from a stale view of a claim that was being deleted.
 async fn orphaned_objects(
     ctx: &Context,
     claims: &Selected,
     addresses: &AddressIndex,
 ) -> Result<Vec<AnyAddress>, Error> {
+    let suspects: Vec<((ClaimKind, String, String), AnyAddress)> = addresses
+        .iter()
+        .filter(|(key, address)| {
+            let owner = address.claim_uid();
+            !claims
+                .all
+                .get(*key)
+                .is_some_and(|uid| owner.as_ref().is_none_or(|o| o == uid))
+        })
+        .take(BATCH)
+        .map(|(key, address)| (key.clone(), address.clone()))
+        .collect();
+    let checked = in_parallel(suspects, |((kind, namespace, name), address)| async move {
+        let current = AnyClaim::fetch(ctx, kind, &namespace, &name).await;
+        (address, current)
+    })
+    .await;
     let mut orphaned = Vec::new();
-    for ((kind, namespace, name), address) in addresses {
+    for (address, current) in checked {
         let owner = address.claim_uid();
-        let known = claims
-            .all
-            .get(&(*kind, namespace.clone(), name.clone()))
-            .is_some_and(|uid| owner.as_ref().is_none_or(|o| o == uid));
-        if known {
-            continue;
-        }
-        let current = AnyClaim::fetch(ctx, *kind, namespace, name).await?;
-        let alive = current.is_some_and(|uid| owner.as_ref().is_none_or(|o| *o == uid));
+        let alive = current?.is_some_and(|uid| owner.as_ref().is_none_or(|o| *o == uid));
         if !alive {
-            orphaned.push(address.clone());
+            orphaned.push(address);
         }
     }
     Ok(orphaned)
