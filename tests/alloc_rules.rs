@@ -681,3 +681,43 @@ fn metal3_spec_errors() {
         assert_eq!(AddressSpace::metal3(&pool).map(|_| ()), Err(expected));
     }
 }
+
+/// Random allocation in a pool far larger than its use spreads over a window that grows with
+/// use (64 times the addresses in use, at least 65,536): uniform in it, dense enough for the
+/// ledger, never beyond it.
+#[test]
+fn random_allocation_in_a_huge_pool_spreads_over_a_window_that_grows() {
+    let mut space = AddressSpace::capi(&CapiPool {
+        strategy: Strategy::Random,
+        ..capi(&["2001:db8::/64"], 64)
+    })
+    .expect("valid");
+    let base = u128::from("2001:db8::".parse::<std::net::Ipv6Addr>().expect("literal"));
+    let mut rng = rng();
+    let mut offsets = Vec::new();
+    for i in 0..5000u128 {
+        let window = space.random_window(i);
+        assert_eq!(window, ((i + 1) * 64).max(1 << 16));
+        let lease = space
+            .allocate(&format!("c{i}"), None, &mut rng)
+            .expect("free");
+        let IpAddr::V6(address) = lease.address else {
+            panic!("an IPv6 pool gave {}", lease.address)
+        };
+        let offset = u128::from(address) - base;
+        // Ordinals count from the first address handed out (the anycast address is not).
+        assert!(
+            offset <= window,
+            "address {address} beyond the window of {window}"
+        );
+        offsets.push(offset);
+    }
+    offsets.sort();
+    offsets.dedup();
+    assert_eq!(offsets.len(), 5000, "no address twice");
+    // Spread, not sequential: the later addresses reach far into the grown window.
+    assert!(*offsets.last().expect("some") > 200_000);
+    // A small pool is random throughout.
+    let small = AddressSpace::capi(&capi(&["10.0.0.0/24"], 24)).expect("valid");
+    assert_eq!(small.random_window(0), small.counts().total);
+}

@@ -44,6 +44,11 @@ pub enum Marked {
 
 /// Rejection sampling tries before random allocation walks the free runs instead.
 const RANDOM_TRIES: usize = 64;
+/// Random allocation spreads over this many times the addresses in use (see
+/// [`AddressSpace::random_window`]).
+pub const RANDOM_SPREAD: u128 = 64;
+/// ... and over at least this many addresses: pools up to a /16 are always random throughout.
+pub const RANDOM_MIN_WINDOW: u128 = 1 << 16;
 
 /// A pool's addresses: which are free, used, reserved for a claim, or allocated but outside the
 /// pool. Allocation and release cost O(log n) in the number of used addresses; memory grows
@@ -277,15 +282,18 @@ impl AddressSpace {
         }
     }
 
-    /// A free address, uniform over all free addresses: rejection sampling over the pool, which
-    /// takes few tries unless the pool is nearly full, then an exact pick among the free runs.
+    /// A free address, uniform over the free addresses of the [`Self::random_window`]: rejection
+    /// sampling, which takes few tries unless the pool is nearly full, then an exact pick among
+    /// all free runs.
     fn random_free(&self, rng: &mut impl Rng) -> Option<u128> {
-        let free = self.counts().free;
+        let counts = self.counts();
+        let free = counts.free;
         if free == 0 {
             return None;
         }
+        let window = self.random_window(counts.used);
         for _ in 0..RANDOM_TRIES {
-            let ordinal = rng.random_range(0..self.total);
+            let ordinal = rng.random_range(0..window);
             let segment = self.offsets.partition_point(|o| *o <= ordinal) - 1;
             let value = self.layout.segments[segment].first + (ordinal - self.offsets[segment]);
             if self.free.contains(value) {
@@ -301,6 +309,19 @@ impl AddressSpace {
             k -= size;
         }
         None
+    }
+
+    /// How many addresses, in pool order from the first, random allocation picks among: the
+    /// whole pool, unless it is larger than [`RANDOM_SPREAD`] times the addresses in use (and
+    /// than [`RANDOM_MIN_WINDOW`]). Uniform over a range that grows with use, no address is
+    /// predictable, and the used addresses stay dense enough for the ledger's bitmap to take
+    /// about two bytes each; scattered over a /64 they would take about twenty, and 100,000 of
+    /// them would not fit in a ConfigMap.
+    pub fn random_window(&self, used: u128) -> u128 {
+        used.saturating_add(1)
+            .saturating_mul(RANDOM_SPREAD)
+            .max(RANDOM_MIN_WINDOW)
+            .min(self.total)
     }
 
     /// Returns `address` to the pool (to its claim's reservation if it is preallocated).

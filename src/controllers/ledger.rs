@@ -54,10 +54,13 @@ pub const REBUILD_FENCE: Duration = Duration::from_secs(90);
 /// How long after committing a reservation a process may still create its address object; a
 /// later create is left to the next reconcile, which commits again first.
 pub const CREATE_WINDOW: Duration = Duration::from_secs(15);
-/// The most reservations a ledger holds at once. Each is about 170 bytes, so the ledger stays far
-/// below the API server's object size limit (1 MiB) whatever the number of pending claims;
-/// claims beyond it wait for the next batch.
-pub const MAX_PENDING: usize = 2000;
+/// The most data a ledger's reservations may take (their JSON in `data.pending`): whatever the
+/// length of the claims' names, reservations stay far below the API server's limit for a
+/// ConfigMap (1 MiB, data and binary data together) beside the bitmaps. Claims beyond it wait for
+/// the next batch; with typical names it holds about 1,500 reservations, three batches.
+pub const MAX_PENDING_BYTES: usize = 256 * 1024;
+/// The longest text of an address (IPv6, eight groups of four), for reservations not yet made.
+const LONGEST_ADDRESS: usize = 39;
 
 /// An address reserved for a claim whose address object is not confirmed yet.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +71,54 @@ pub struct Reservation {
     pub claim_uid: String,
     /// RFC 3339, when the reservation was made.
     pub since: String,
+}
+
+impl Reservation {
+    /// The bytes this reservation of `address` takes in `data.pending` (names, UIDs and
+    /// timestamps are plain ASCII: JSON escapes nothing in them).
+    pub fn encoded_len(&self, address: &str) -> usize {
+        self.len_with(address.len())
+    }
+
+    fn len_with(&self, address_len: usize) -> usize {
+        // "<address>":{"claimNamespace":"…","claimName":"…","claimUid":"…","since":"…"},
+        const FRAME: usize = 65;
+        FRAME
+            + address_len
+            + self.claim_namespace.len()
+            + self.claim_name.len()
+            + self.claim_uid.len()
+            + self.since.len()
+    }
+}
+
+/// The room left for reservations in a ledger, of [`MAX_PENDING_BYTES`].
+#[derive(Clone, Copy, Debug)]
+pub struct PendingRoom(usize);
+
+impl PendingRoom {
+    pub fn of(ledger: &Ledger) -> Self {
+        let used: usize = ledger
+            .pending
+            .iter()
+            .map(|(address, r)| r.encoded_len(address))
+            .sum();
+        Self(MAX_PENDING_BYTES.saturating_sub(used))
+    }
+
+    /// Whether `reservation` fits, whatever its address.
+    pub fn fits(&self, reservation: &Reservation) -> bool {
+        reservation.len_with(LONGEST_ADDRESS) <= self.0
+    }
+
+    /// Takes the room `reservation` needs, if it fits.
+    pub fn take(&mut self, reservation: &Reservation) -> bool {
+        let fits = self.fits(reservation);
+        if fits {
+            self.0 -= reservation.len_with(LONGEST_ADDRESS);
+        }
+        fits
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -454,6 +505,74 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("test address")
+    }
+
+    /// The bytes of a ConfigMap that its size limit counts: data and binary data.
+    fn data_size(config_map: &ConfigMap) -> usize {
+        let data = config_map.data.iter().flatten();
+        let binary = config_map.binary_data.iter().flatten();
+        data.map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + binary.map(|(k, v)| k.len() + v.0.len()).sum::<usize>()
+    }
+
+    #[test]
+    fn reservation_sizes_are_what_the_ledger_writes() {
+        for (address, name) in [("10.0.0.1", "a"), ("2001:db8::1", &*"n".repeat(253))] {
+            let r = Reservation {
+                claim_name: name.to_string(),
+                ..reservation("0d4c3a2e-5b8f-4c1e-9a7d-3f2b1c0e9d8a")
+            };
+            let json =
+                serde_json::to_string(&BTreeMap::from([(address, r.clone())])).expect("serializes");
+            // One entry: its bytes, the braces around the map, no comma after it.
+            assert_eq!(json.len(), r.encoded_len(address) + 2 - 1, "{json}");
+        }
+    }
+
+    /// The worst case a ledger can be in stays well under the API server's 1 MiB limit for a
+    /// ConfigMap: 100,000 addresses scattered by the random strategy over an IPv6 /64 (the
+    /// bitmap's worst), and reservations filling their room with the longest names there are.
+    #[test]
+    fn the_worst_ledger_fits_in_a_config_map() {
+        use crate::alloc::{AddressSpace, CapiPool, Strategy};
+        use rand::SeedableRng;
+        let mut space = AddressSpace::capi(&CapiPool {
+            addresses: vec!["2001:db8::/64".into()],
+            prefix: 64,
+            strategy: Strategy::Random,
+            ..Default::default()
+        })
+        .expect("valid");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        let mut ledger = Ledger::default();
+        for i in 0..100_000 {
+            let lease = space
+                .allocate(&i.to_string(), None, &mut rng)
+                .expect("free");
+            ledger.insert(lease.address);
+        }
+        let longest = Reservation {
+            claim_namespace: "n".repeat(63),
+            claim_name: "c".repeat(253),
+            claim_uid: "0d4c3a2e-5b8f-4c1e-9a7d-3f2b1c0e9d8a".into(),
+            since: "2026-12-01T10:00:00.123456789Z".into(),
+        };
+        let mut room = PendingRoom::of(&ledger);
+        let mut next = 0u128;
+        while room.take(&longest) {
+            next += 1;
+            ledger.reserve(
+                IpAddr::V6((0x2001_0db8_0000_0001_ffff_ffff_0000_0000 + next).into()),
+                longest.clone(),
+            );
+        }
+        let size = data_size(&ledger.to_config_map(ObjectMeta::default()));
+        eprintln!(
+            "the worst ledger: {size} bytes ({} of bitmaps, {} reservations)",
+            ledger.v6.to_bytes().len(),
+            ledger.pending.len()
+        );
+        assert!(size < 768 * 1024, "the worst ledger takes {size} bytes");
     }
 
     fn reservation(uid: &str) -> Reservation {
