@@ -6,6 +6,9 @@
 #   hack/tools.sh kustomize    sigs.k8s.io/kustomize/kustomize/v5 at $BITPOOL_KUSTOMIZE_VERSION
 #   hack/tools.sh capm3        CAPM3's manager (github.com/metal3-io/cluster-api-provider-metal3)
 #                              at $BITPOOL_CAPM3_VERSION, for the tests that run bitpool beside it
+#   hack/tools.sh in-cluster   the in-cluster IPAM provider's manager
+#                              (sigs.k8s.io/cluster-api-ipam-provider-in-cluster) at
+#                              $BITPOOL_IN_CLUSTER_VERSION, the peer of the load command (hack/load.sh)
 set -euo pipefail
 HACK_DIR=$(cd "${0%/*}" && pwd)
 # shellcheck source=hack/versions.env
@@ -63,12 +66,25 @@ build_capm3() {
     { tail -n 20 "$work/build.log" >&2; die "building CAPM3's manager failed (log: $work/build.log)"; }
 }
 
+# The in-cluster provider's manager is its module's root package.
+build_in_cluster() {
+  local out=$1 work=$CACHE_DIR/build/in-cluster module=sigs.k8s.io/cluster-api-ipam-provider-in-cluster
+  rm -rf "$work" && mkdir -p "$work" && cd "$work"
+  go mod init bitpool.test/in-cluster >/dev/null 2>&1
+  go mod edit -require "$module@$BITPOOL_IN_CLUSTER_VERSION"
+  echo "tools: building the in-cluster provider $BITPOOL_IN_CLUSTER_VERSION (a few minutes, once)" >&2
+  { go get "$module@$BITPOOL_IN_CLUSTER_VERSION" &&
+    go build -trimpath -o "$out" -ldflags "-s -w" "$module"; } >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building the in-cluster provider failed (log: $work/build.log)"; }
+}
+
 tool=${1:-}
 case "$tool" in
   clusterctl) version=$BITPOOL_CAPI_VERSION ;;
   kustomize) version=$BITPOOL_KUSTOMIZE_VERSION ;;
   capm3) version=$BITPOOL_CAPM3_VERSION ;;
-  *) die "usage: $0 clusterctl|kustomize|capm3" ;;
+  in-cluster) version=$BITPOOL_IN_CLUSTER_VERSION ;;
+  *) die "usage: $0 clusterctl|kustomize|capm3|in-cluster" ;;
 esac
 bin=$CACHE_DIR/tools/$tool-$version/$tool
 if [ ! -x "$bin" ]; then
@@ -76,7 +92,7 @@ if [ ! -x "$bin" ]; then
   exec 9>"$CACHE_DIR/tools/.lock" && flock 9
   if [ ! -x "$bin" ]; then
     go_env "$tool"
-    "build_$tool" "$bin.tmp"
+    "build_${tool//-/_}" "$bin.tmp"
     mv "$bin.tmp" "$bin"
     # The build cache is large and not needed again.
     chmod -R u+w "$CACHE_DIR/build" 2>/dev/null || true

@@ -1,0 +1,179 @@
+//! `bitpool-load`: the load command. Against `$KUBECONFIG`, it runs a provider (bitpool, and
+//! optionally the upstream in-cluster provider as its peer) as a child process and measures, per
+//! scenario, the time until every claim has its address, the claims per second as a fraction of
+//! the server's raw create rate over three (a claim needs at least three writes), the same for
+//! deletion, the provider's CPU seconds and peak memory, its start-up time, and checks that no
+//! address was handed out twice and no claim missed one. `hack/load.sh` builds and runs it.
+
+mod provider;
+mod scenario;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+
+use provider::{Kind, Provider};
+use scenario::{Row, Scenario};
+
+#[derive(Parser, Debug)]
+#[command(about = "Loads a provider with IPAddressClaims and measures it")]
+struct Args {
+    /// The bitpool binary to run.
+    #[arg(long)]
+    bitpool: PathBuf,
+    /// The upstream in-cluster provider's binary: run as bitpool's peer, scenario by scenario.
+    #[arg(long)]
+    in_cluster: Option<PathBuf>,
+    /// Bursts of claims on one pool, one run each.
+    #[arg(long, value_delimiter = ',')]
+    claims: Vec<usize>,
+    /// Many pools: `<pools>x<claims per pool>`.
+    #[arg(long, value_delimiter = ',')]
+    pools: Vec<String>,
+    /// Backlogs: claims created while the provider is stopped, then served from its start.
+    #[arg(long, value_delimiter = ',')]
+    backlog: Vec<usize>,
+    /// Claims allocated and held across a restart: memory with them all allocated, and the time
+    /// from process start to a new claim served (bitpool only).
+    #[arg(long)]
+    hold: Option<usize>,
+    /// Requests the load command keeps in flight.
+    #[arg(long, default_value_t = 8)]
+    connections: usize,
+    /// The largest run the peer takes part in (the upstream provider slows down as pools fill).
+    #[arg(long, default_value_t = 3000)]
+    peer_max: usize,
+    /// Longest wait for any one phase, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    timeout: u64,
+    /// Where the providers' logs go.
+    #[arg(long, default_value = "target/load-logs")]
+    logs: PathBuf,
+    /// The upstream CRDs folder (`hack/upstream-crds.sh`): Cluster API's claim, address and
+    /// Cluster CRDs are installed from it where the cluster lacks them.
+    #[arg(long)]
+    upstream_crds: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args).await {
+        eprintln!("load: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("no usable cluster (set KUBECONFIG): {e}"))?;
+    install_missing_crds(&client, args.upstream_crds.as_deref()).await?;
+    std::fs::create_dir_all(&args.logs)
+        .map_err(|e| format!("cannot create {}: {e}", args.logs.display()))?;
+    let kubeconfig = std::env::var_os("KUBECONFIG")
+        .map(PathBuf::from)
+        .ok_or("set KUBECONFIG to the cluster under load")?;
+    let mut providers = vec![Provider {
+        kind: Kind::Bitpool,
+        binary: args.bitpool.clone(),
+    }];
+    if let Some(binary) = &args.in_cluster {
+        providers.push(Provider {
+            kind: Kind::InCluster,
+            binary: binary.clone(),
+        });
+    }
+    let runner = scenario::Runner {
+        load: workload::Load {
+            client,
+            connections: args.connections,
+        },
+        kubeconfig,
+        logs: args.logs.clone(),
+        limit: Duration::from_secs(args.timeout),
+    };
+    let mut rows = Vec::new();
+    for scenario in scenarios(&args)? {
+        for provider in &providers {
+            if provider.kind == Kind::InCluster && !scenario.for_peer(args.peer_max) {
+                continue;
+            }
+            eprintln!("load: {} with {}", scenario.describe(), provider.name());
+            let row = runner.run(provider, &scenario).await?;
+            eprintln!("load: {}", row.summary());
+            rows.push(row);
+        }
+    }
+    print!("{}", scenario::table(&rows));
+    let bad = rows.iter().any(Row::failed);
+    if bad {
+        return Err("a run handed out a duplicate or left a claim without its address".into());
+    }
+    Ok(())
+}
+
+fn scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
+    let mut all: Vec<Scenario> = args.claims.iter().map(|n| Scenario::burst(1, *n)).collect();
+    for spec in &args.pools {
+        let (pools, per_pool) = spec
+            .split_once('x')
+            .and_then(|(p, c)| Some((p.parse().ok()?, c.parse().ok()?)))
+            .ok_or_else(|| format!("--pools {spec}: expected <pools>x<claims per pool>"))?;
+        all.push(Scenario::burst(pools, per_pool));
+    }
+    all.extend(args.backlog.iter().map(|n| Scenario::backlog(*n)));
+    all.extend(args.hold.map(Scenario::hold));
+    if all.is_empty() {
+        return Err("nothing to run: give --claims, --pools, --backlog or --hold".into());
+    }
+    Ok(all)
+}
+
+/// Installs the CRDs a run needs that the cluster does not have (never touching those it has):
+/// bitpool's, and from `upstream` Cluster API's claims, addresses and Clusters and the in-cluster
+/// provider's prefix pools.
+async fn install_missing_crds(
+    client: &kube::Client,
+    upstream: Option<&std::path::Path>,
+) -> Result<(), String> {
+    let mut wanted = bitpool::crds::served();
+    if let Some(dir) = upstream {
+        // The in-cluster provider also waits for its prefix pools' CRDs.
+        for file in [
+            "cluster-api/ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
+            "cluster-api/ipam.cluster.x-k8s.io_ipaddresses.yaml",
+            "cluster-api/cluster.x-k8s.io_clusters.yaml",
+            "in-cluster/ipam.cluster.x-k8s.io_inclusterprefixpools.yaml",
+            "in-cluster/ipam.cluster.x-k8s.io_globalinclusterprefixpools.yaml",
+        ] {
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let crds: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&text)
+                .map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
+            wanted.extend(crds);
+        }
+    } else {
+        wanted.extend(bitpool::crds::standalone());
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    for crd in wanted {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let present = api
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("cannot read CRD {name}: {e}"))?;
+        if present.is_none() {
+            missing.push(crd);
+        }
+    }
+    bitpool::crds::apply(client, &missing, Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("cannot install CRDs: {e}"))
+}

@@ -1,0 +1,417 @@
+//! One measured run: a fresh provider process, a namespace of pools, a burst (or backlog) of
+//! claims until all have their addresses, the check, and the deletion of them all.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::provider::{Provider, Running, Usage};
+use crate::workload::{self, Load, Pool, Verdict, Watch};
+
+/// Raw creates measured before a run and again after it (the server's rate moves with the
+/// machine's load, so the run is compared with the mean of both).
+const RAW_SAMPLE: usize = 2000;
+/// Claims the load command takes through the contract's writes itself, before a run.
+const CONTRACT_SAMPLE: usize = 1000;
+const RAW_NAMESPACE: &str = "bitpool-load-raw";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Claims created while the provider runs.
+    Burst,
+    /// Claims created while the provider is stopped; timed from its start.
+    Backlog,
+    /// A burst kept across a restart of the provider: memory and start-up with it allocated.
+    Hold,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub pools: usize,
+    pub per_pool: usize,
+    pub mode: Mode,
+}
+
+impl Scenario {
+    pub fn burst(pools: usize, per_pool: usize) -> Self {
+        Self {
+            pools,
+            per_pool,
+            mode: Mode::Burst,
+        }
+    }
+
+    pub fn backlog(claims: usize) -> Self {
+        Self {
+            pools: 1,
+            per_pool: claims,
+            mode: Mode::Backlog,
+        }
+    }
+
+    pub fn hold(claims: usize) -> Self {
+        Self {
+            pools: 1,
+            per_pool: claims,
+            mode: Mode::Hold,
+        }
+    }
+
+    pub fn claims(&self) -> usize {
+        self.pools * self.per_pool
+    }
+
+    /// Whether the upstream peer takes part: held runs measure bitpool's own start-up.
+    pub fn for_peer(&self, peer_max: usize) -> bool {
+        self.mode != Mode::Hold && self.claims() <= peer_max
+    }
+
+    pub fn describe(&self) -> String {
+        let what = match self.mode {
+            Mode::Burst => "burst",
+            Mode::Backlog => "backlog",
+            Mode::Hold => "held",
+        };
+        match self.pools {
+            1 => format!("{what} of {} claims on one pool", self.per_pool),
+            p => format!("{what} of {p} pools x {} claims", self.per_pool),
+        }
+    }
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub provider: &'static str,
+    pub scenario: String,
+    pub claims: usize,
+    /// The server's raw creates per second: the mean of a measurement before and one after.
+    pub raw: f64,
+    /// Claims per second the server takes through the contract's writes, allocation and
+    /// deletion, driven by the load command alone (see [`Load::contract_rate`]).
+    pub contract: (f64, f64),
+    pub allocation: Duration,
+    pub allocation_cpu: f64,
+    pub deletion: Duration,
+    pub deletion_cpu: f64,
+    pub peak_rss_mib: f64,
+    /// Held runs: process start to a new claim served, and memory after it.
+    pub start_up: Option<(Duration, f64)>,
+    pub verdict: Verdict,
+}
+
+impl Row {
+    fn rate(&self, time: Duration) -> f64 {
+        self.claims as f64 / time.as_secs_f64().max(1e-9)
+    }
+
+    /// Claims per second as a fraction of raw/3 (three writes per claim at least).
+    fn of_limit(&self, time: Duration) -> f64 {
+        self.rate(time) / (self.raw / 3.0)
+    }
+
+    pub fn failed(&self) -> bool {
+        self.verdict.duplicates > 0 || self.verdict.misses > 0
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "{} claims in {:.1} s = {:.0}/s ({:.0}% of raw/3, raw {:.0}/s; {:.0}% of the contract's {:.0}/s), deleted in {:.1} s ({:.0}% of raw/3; {:.0}% of the contract's {:.0}/s), CPU {:.1}+{:.1} s, peak RSS {:.0} MiB, {} duplicates, {} misses",
+            self.claims,
+            self.allocation.as_secs_f64(),
+            self.rate(self.allocation),
+            100.0 * self.of_limit(self.allocation),
+            self.raw,
+            100.0 * self.rate(self.allocation) / self.contract.0,
+            self.contract.0,
+            self.deletion.as_secs_f64(),
+            100.0 * self.of_limit(self.deletion),
+            100.0 * self.rate(self.deletion) / self.contract.1,
+            self.contract.1,
+            self.allocation_cpu,
+            self.deletion_cpu,
+            self.peak_rss_mib,
+            self.verdict.duplicates,
+            self.verdict.misses
+        )
+    }
+}
+
+/// The rows as a Markdown table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| provider | run | claims | raw creates/s | contract claims/s (alloc, delete) | claims/s | of raw/3 | of contract | alloc CPU s | delete s | deletes/s | of raw/3 | of contract | delete CPU s | peak RSS MiB | start-up s (RSS MiB) | duplicates | misses |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let start_up = r
+            .start_up
+            .map(|(t, rss)| format!("{:.2} ({rss:.0})", t.as_secs_f64()))
+            .unwrap_or_else(|| "–".into());
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {:.0}, {:.0} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} |\n",
+            r.provider,
+            r.scenario,
+            r.claims,
+            r.raw,
+            r.contract.0,
+            r.contract.1,
+            r.rate(r.allocation),
+            100.0 * r.of_limit(r.allocation),
+            100.0 * r.rate(r.allocation) / r.contract.0,
+            r.allocation_cpu,
+            r.deletion.as_secs_f64(),
+            r.rate(r.deletion),
+            100.0 * r.of_limit(r.deletion),
+            100.0 * r.rate(r.deletion) / r.contract.1,
+            r.deletion_cpu,
+            r.peak_rss_mib,
+            start_up,
+            r.verdict.duplicates,
+            r.verdict.misses,
+        ));
+    }
+    out
+}
+
+pub struct Runner {
+    pub load: Load,
+    pub kubeconfig: PathBuf,
+    pub logs: PathBuf,
+    pub limit: Duration,
+}
+
+/// The state of a run between its phases.
+struct Run<'a> {
+    namespace: String,
+    pools: Vec<Pool>,
+    provider: &'a Provider,
+    running: Running,
+    watch: Watch,
+}
+
+impl Runner {
+    pub async fn run(&self, provider: &Provider, scenario: &Scenario) -> Result<Row, String> {
+        let mut run = self.prepare(provider, scenario).await?;
+        let raw_before = self.raw_rate().await?;
+        let contract = self
+            .load
+            .contract_rate(RAW_NAMESPACE, CONTRACT_SAMPLE)
+            .await?;
+        let (allocation, allocation_cpu) = self.allocate(&mut run, scenario).await?;
+        let verdict = workload::verify(&self.load.client, &run.namespace, &run.pools).await?;
+        let start_up = match scenario.mode {
+            Mode::Hold => Some(self.restart(&mut run).await?),
+            _ => None,
+        };
+        let (deletion, deletion_cpu) = self.delete(&mut run).await?;
+        let peak_rss_mib = run.running.usage()?.peak_rss_mib;
+        self.finish(run).await?;
+        let raw = (raw_before + self.raw_rate().await?) / 2.0;
+        Ok(Row {
+            provider: provider.name(),
+            scenario: scenario.describe(),
+            claims: scenario.claims(),
+            raw,
+            contract,
+            allocation,
+            allocation_cpu,
+            deletion,
+            deletion_cpu,
+            peak_rss_mib,
+            start_up,
+            verdict,
+        })
+    }
+
+    fn start(&self, provider: &Provider, namespace: &str) -> Result<Running, String> {
+        let log = self.logs.join(format!("{namespace}.log"));
+        provider.start(&self.kubeconfig, &log)
+    }
+
+    /// A fresh namespace, the provider started, the pools created and taken up by it.
+    async fn prepare<'a>(
+        &self,
+        provider: &'a Provider,
+        scenario: &Scenario,
+    ) -> Result<Run<'a>, String> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let namespace = format!("load-{}-{stamp}", provider.name());
+        self.load.ensure_namespace(&namespace).await?;
+        let pools: Vec<Pool> = (0..scenario.pools)
+            .map(|i| workload::pool(i, scenario.pools))
+            .collect();
+        let running = self.start(provider, &namespace)?;
+        self.load.create_pools(&namespace, &pools).await?;
+        let watch = Watch::start(&self.load.client, &namespace).await?;
+        let mut run = Run {
+            namespace,
+            pools,
+            provider,
+            running,
+            watch,
+        };
+        self.wait_pools_taken_up(&mut run).await?;
+        Ok(run)
+    }
+
+    async fn wait_pools_taken_up(&self, run: &mut Run<'_>) -> Result<(), String> {
+        let api: kube::Api<bitpool::api::capi_pools::InClusterIPPool> =
+            kube::Api::namespaced(self.load.client.clone(), &run.namespace);
+        let deadline = Instant::now() + self.limit;
+        loop {
+            let pools = api
+                .list(&Default::default())
+                .await
+                .map_err(|e| format!("cannot list the pools: {e}"))?;
+            let counted = pools
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().is_some_and(|s| s.ip_addresses.is_some()))
+                .count();
+            if counted == run.pools.len() {
+                return Ok(());
+            }
+            if let Some(exit) = run.running.exited() {
+                return Err(exit);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {counted} of {} pools have a status",
+                    run.pools.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn raw_rate(&self) -> Result<f64, String> {
+        self.load.ensure_namespace(RAW_NAMESPACE).await?;
+        self.load.raw_rate(RAW_NAMESPACE, RAW_SAMPLE).await
+    }
+
+    /// Creates the claims (a backlog with the provider stopped) and waits until all are served;
+    /// the time counts from the first create, or for a backlog from the provider's start.
+    async fn allocate(
+        &self,
+        run: &mut Run<'_>,
+        scenario: &Scenario,
+    ) -> Result<(Duration, f64), String> {
+        let claims: Vec<(String, String)> = run
+            .pools
+            .iter()
+            .flat_map(|p| {
+                (0..scenario.per_pool).map(move |i| (format!("{}-{i:06}", p.name), p.name.clone()))
+            })
+            .collect();
+        let total = claims.len();
+        if scenario.mode == Mode::Backlog {
+            // The provider stops (as a crash or an upgrade would), the claims pile up, and a fresh
+            // process is timed from its start.
+            run.running.stop();
+            self.load.create_claims(&run.namespace, claims).await?;
+            run.running = self.start(run.provider, &format!("{}-backlog", run.namespace))?;
+            let served = self.all_served(run, total).await?;
+            return Ok((
+                served - run.running.started,
+                run.running.usage()?.cpu_seconds,
+            ));
+        }
+        let started = Instant::now();
+        let before = run.running.usage()?;
+        self.load.create_claims(&run.namespace, claims).await?;
+        let served = self.all_served(run, total).await?;
+        Ok((served - started, cpu_since(&run.running, before)?))
+    }
+
+    async fn all_served(&self, run: &mut Run<'_>, total: usize) -> Result<Instant, String> {
+        run.watch
+            .until(
+                "every claim served",
+                self.limit,
+                &mut run.running,
+                |w| w.ready_claims() >= total,
+                |w| format!("{} of {total} served", w.ready_claims()),
+            )
+            .await
+    }
+
+    /// Restarts the provider with every claim allocated: the time from its start to a new claim
+    /// served, and its memory then.
+    async fn restart(&self, run: &mut Run<'_>) -> Result<(Duration, f64), String> {
+        let total = run.watch.claims.state().len() + 1;
+        run.running.stop();
+        run.running = self.start(run.provider, &format!("{}-restarted", run.namespace))?;
+        let pool = run
+            .pools
+            .first()
+            .map(|p| p.name.clone())
+            .unwrap_or_default();
+        self.load
+            .create_claims(&run.namespace, vec![("after-restart".into(), pool)])
+            .await?;
+        let served = self.all_served(run, total).await?;
+        let took = served - run.running.started;
+        Ok((took, run.running.usage()?.rss_mib))
+    }
+
+    /// Deletes every claim and waits until they and their address objects are gone.
+    async fn delete(&self, run: &mut Run<'_>) -> Result<(Duration, f64), String> {
+        let names: Vec<String> = run
+            .watch
+            .claims
+            .state()
+            .iter()
+            .filter_map(|c| c.metadata.name.clone())
+            .collect();
+        let before = run.running.usage()?;
+        let started = Instant::now();
+        self.load.delete_claims(&run.namespace, names).await?;
+        let gone = run
+            .watch
+            .until(
+                "every claim released",
+                self.limit,
+                &mut run.running,
+                |w| w.claims.state().is_empty() && w.addresses.state().is_empty(),
+                |w| {
+                    format!(
+                        "{} claims and {} address objects left",
+                        w.claims.state().len(),
+                        w.addresses.state().len()
+                    )
+                },
+            )
+            .await?;
+        Ok((gone - started, cpu_since(&run.running, before)?))
+    }
+
+    /// Deletes the pools while the provider runs (it holds their finalizers), then the rest.
+    async fn finish(&self, run: Run<'_>) -> Result<(), String> {
+        let api: kube::Api<bitpool::api::capi_pools::InClusterIPPool> =
+            kube::Api::namespaced(self.load.client.clone(), &run.namespace);
+        let _ = api
+            .delete_collection(&Default::default(), &Default::default())
+            .await;
+        let deadline = Instant::now() + self.limit;
+        while api
+            .list(&Default::default())
+            .await
+            .map(|l| !l.items.is_empty())
+            .unwrap_or(true)
+        {
+            if Instant::now() > deadline {
+                return Err("the pools were not released".into());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let mut run = run;
+        run.running.stop();
+        self.load.delete_namespace(&run.namespace, self.limit).await
+    }
+}
+
+fn cpu_since(running: &Running, before: Usage) -> Result<f64, String> {
+    Ok(running.usage()?.cpu_seconds - before.cpu_seconds)
+}

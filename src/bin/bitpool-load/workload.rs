@@ -1,0 +1,542 @@
+//! What the load command does to the cluster: pools, bursts of claims and their deletion on a
+//! number of connections, the server's raw create rate, and the check that every claim got one
+//! address of its pool and no address was given twice.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use bitpool::api::capi::{
+    IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference, LocalObjectName,
+};
+use bitpool::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
+use futures::{StreamExt, stream};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use crate::provider::Running;
+
+pub const POOL_GROUP: &str = "ipam.cluster.x-k8s.io";
+pub const POOL_KIND: &str = "InClusterIPPool";
+/// How often the watch caches of the load command are looked at while waiting.
+const POLL: Duration = Duration::from_millis(50);
+/// Attempts per API call before the run is abandoned (a loaded server may time a request out).
+const ATTEMPTS: usize = 5;
+
+/// The cluster under load, and how many requests the load command keeps in flight.
+#[derive(Clone)]
+pub struct Load {
+    pub client: Client,
+    pub connections: usize,
+}
+
+/// A pool the load command made, and the network its addresses must come from.
+#[derive(Clone, Debug)]
+pub struct Pool {
+    pub name: String,
+    pub network: IpNet,
+}
+
+/// The `i`-th pool of a run: one /14 when there is a single pool (room for 100,000 claims and
+/// more), else /24s side by side.
+pub fn pool(i: usize, count: usize) -> Pool {
+    let network: IpNet = if count == 1 {
+        "10.0.0.0/14".parse()
+    } else {
+        format!("10.{}.{}.0/24", 16 + i / 256, i % 256).parse()
+    }
+    .unwrap_or_else(|_| unreachable!("a valid network literal"));
+    Pool {
+        name: format!("pool-{i:04}"),
+        network,
+    }
+}
+
+impl Load {
+    /// Creates the namespace unless it is there (waiting out one still being deleted).
+    pub async fn ensure_namespace(&self, name: &str) -> Result<(), String> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let terminating = |n: &Namespace| n.metadata.deletion_timestamp.is_some();
+        if let Ok(Some(existing)) = api.get_opt(name).await {
+            if !terminating(&existing) {
+                return Ok(());
+            }
+            self.delete_namespace(name, Duration::from_secs(300))
+                .await?;
+        }
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &namespace).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(format!("cannot create namespace {name}: {e}")),
+        }
+    }
+
+    /// Deletes the namespace and waits until it is gone (its objects must not load the next run).
+    pub async fn delete_namespace(&self, name: &str, limit: Duration) -> Result<(), String> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        let _ = api.delete(name, &DeleteParams::default()).await;
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            match api.get_opt(name).await {
+                Ok(None) => return Ok(()),
+                Ok(Some(_)) | Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+        Err(format!("namespace {name} was not gone within {limit:?}"))
+    }
+
+    pub async fn create_pools(&self, namespace: &str, pools: &[Pool]) -> Result<(), String> {
+        let api: Api<InClusterIPPool> = Api::namespaced(self.client.clone(), namespace);
+        let objects: Vec<InClusterIPPool> = pools.iter().map(pool_object).collect();
+        self.each(objects, |pool| {
+            let api = api.clone();
+            async move { api.create(&PostParams::default(), &pool).await.map(drop) }
+        })
+        .await
+    }
+
+    /// Creates the claims (name → pool) and returns how long that took.
+    pub async fn create_claims(
+        &self,
+        namespace: &str,
+        claims: Vec<(String, String)>,
+    ) -> Result<Duration, String> {
+        let api: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
+        let started = Instant::now();
+        self.each(claims, |(name, pool)| {
+            let api = api.clone();
+            async move {
+                let claim = IPAddressClaim::new(
+                    &name,
+                    IPAddressClaimSpec {
+                        cluster_name: None,
+                        pool_ref: IPPoolReference {
+                            name: pool,
+                            kind: POOL_KIND.into(),
+                            api_group: POOL_GROUP.into(),
+                        },
+                    },
+                );
+                api.create(&PostParams::default(), &claim).await.map(drop)
+            }
+        })
+        .await?;
+        Ok(started.elapsed())
+    }
+
+    /// Deletes the named claims and returns how long the requests took.
+    pub async fn delete_claims(
+        &self,
+        namespace: &str,
+        names: Vec<String>,
+    ) -> Result<Duration, String> {
+        let api: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
+        let started = Instant::now();
+        self.each(names, |name| {
+            let api = api.clone();
+            async move {
+                match api.delete(&name, &DeleteParams::default()).await {
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                    other => other.map(drop),
+                }
+            }
+        })
+        .await?;
+        Ok(started.elapsed())
+    }
+
+    /// The server's raw create rate (objects per second) on the same connections: `count`
+    /// IPAddress objects of a pool kind no provider serves, created, then deleted again.
+    pub async fn raw_rate(&self, namespace: &str, count: usize) -> Result<f64, String> {
+        let api: Api<IPAddress> = Api::namespaced(self.client.clone(), namespace);
+        let names: Vec<String> = (0..count).map(|i| format!("raw-{i:06}")).collect();
+        let started = Instant::now();
+        self.each(names.clone(), |name| {
+            let api = api.clone();
+            async move {
+                api.create(&PostParams::default(), &raw_address(&name))
+                    .await
+                    .map(drop)
+            }
+        })
+        .await?;
+        let rate = count as f64 / started.elapsed().as_secs_f64();
+        self.each(names, |name| {
+            let api = api.clone();
+            async move { api.delete(&name, &DeleteParams::default()).await.map(drop) }
+        })
+        .await?;
+        Ok(rate)
+    }
+
+    /// The server's own limit for the contract: claims per second that the load command alone
+    /// takes through the writes a provider and its user make for each claim, phase by phase on
+    /// the same connections: create the claims, add their finalizers, create their address
+    /// objects (with finalizers), write their statuses; then, to delete, delete the claims and
+    /// the address objects, and drop both finalizers. Returns (allocations/s, deletions/s). The
+    /// claims name a pool kind no provider serves.
+    pub async fn contract_rate(&self, namespace: &str, count: usize) -> Result<(f64, f64), String> {
+        let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
+        let addresses: Api<IPAddress> = Api::namespaced(self.client.clone(), namespace);
+        let names: Vec<String> = (0..count).map(|i| format!("contract-{i:06}")).collect();
+        let started = Instant::now();
+        for step in ContractStep::ALLOCATION {
+            self.each(names.clone(), |name| step.run(&claims, &addresses, name))
+                .await?;
+        }
+        let allocations = count as f64 / started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        for step in ContractStep::DELETION {
+            self.each(names.clone(), |name| step.run(&claims, &addresses, name))
+                .await?;
+        }
+        Ok((allocations, count as f64 / started.elapsed().as_secs_f64()))
+    }
+
+    /// Runs `call` for every item, `connections` at a time, each retried a few times.
+    async fn each<T, F, Fut>(&self, items: Vec<T>, call: F) -> Result<(), String>
+    where
+        T: Clone,
+        F: Fn(T) -> Fut,
+        Fut: Future<Output = Result<(), kube::Error>>,
+    {
+        let results: Vec<Result<(), kube::Error>> = stream::iter(items)
+            .map(|item| {
+                let call = &call;
+                async move {
+                    let mut last = Ok(());
+                    for attempt in 0..ATTEMPTS {
+                        last = call(item.clone()).await;
+                        if last.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100 << attempt)).await;
+                    }
+                    last
+                }
+            })
+            .buffer_unordered(self.connections)
+            .collect()
+            .await;
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(format!("an API call failed {ATTEMPTS} times: {e}")),
+            None => Ok(()),
+        }
+    }
+}
+
+fn pool_object(pool: &Pool) -> InClusterIPPool {
+    let gateway = match pool.network.network() {
+        IpAddr::V4(net) => IpAddr::V4((u32::from(net) + 1).into()),
+        IpAddr::V6(net) => IpAddr::V6((u128::from(net) + 1).into()),
+    };
+    InClusterIPPool {
+        metadata: ObjectMeta {
+            name: Some(pool.name.clone()),
+            ..Default::default()
+        },
+        spec: InClusterIPPoolSpec {
+            addresses: vec![pool.network.to_string()],
+            prefix: i32::from(pool.network.prefix_len()),
+            gateway: Some(gateway.to_string()),
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+const PROBE_FINALIZER: &str = "load.bitpool.test/probe";
+
+fn finalizers(names: &[&str]) -> kube::api::Patch<serde_json::Value> {
+    kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": names}}))
+}
+
+/// One of the writes the contract makes for a claim.
+#[derive(Clone, Copy)]
+enum ContractStep {
+    CreateClaim,
+    AddClaimFinalizer,
+    CreateAddress,
+    WriteStatus,
+    DeleteClaim,
+    DeleteAddress,
+    DropAddressFinalizer,
+    DropClaimFinalizer,
+}
+
+impl ContractStep {
+    const ALLOCATION: [Self; 4] = [
+        Self::CreateClaim,
+        Self::AddClaimFinalizer,
+        Self::CreateAddress,
+        Self::WriteStatus,
+    ];
+    const DELETION: [Self; 4] = [
+        Self::DeleteClaim,
+        Self::DeleteAddress,
+        Self::DropAddressFinalizer,
+        Self::DropClaimFinalizer,
+    ];
+
+    /// Makes the write for claim `name` (a retry that finds it done succeeds).
+    async fn run(
+        self,
+        claims: &Api<IPAddressClaim>,
+        addresses: &Api<IPAddress>,
+        name: String,
+    ) -> Result<(), kube::Error> {
+        let params = kube::api::PatchParams::default();
+        let delete = DeleteParams::default();
+        match self {
+            Self::CreateClaim => {
+                let claim = IPAddressClaim::new(
+                    &name,
+                    IPAddressClaimSpec {
+                        cluster_name: None,
+                        pool_ref: probe_pool(),
+                    },
+                );
+                ignore_conflict(claims.create(&PostParams::default(), &claim).await)
+            }
+            Self::AddClaimFinalizer => claims
+                .patch(&name, &params, &finalizers(&[PROBE_FINALIZER]))
+                .await
+                .map(drop),
+            Self::CreateAddress => {
+                let mut address = raw_address(&name);
+                address.metadata.finalizers = Some(vec![PROBE_FINALIZER.into()]);
+                ignore_conflict(addresses.create(&PostParams::default(), &address).await)
+            }
+            Self::WriteStatus => {
+                let status = serde_json::json!({"status": {
+                    "addressRef": {"name": name},
+                    "conditions": [{
+                        "type": "Ready", "status": "True", "reason": "AddressAllocated",
+                        "message": "",
+                        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+                    }],
+                }});
+                let patch = kube::api::Patch::Merge(status);
+                claims.patch_status(&name, &params, &patch).await.map(drop)
+            }
+            Self::DeleteClaim => ignore_missing(claims.delete(&name, &delete).await.map(drop)),
+            Self::DeleteAddress => ignore_missing(addresses.delete(&name, &delete).await.map(drop)),
+            Self::DropAddressFinalizer => ignore_missing(
+                addresses
+                    .patch(&name, &params, &finalizers(&[]))
+                    .await
+                    .map(drop),
+            ),
+            Self::DropClaimFinalizer => ignore_missing(
+                claims
+                    .patch(&name, &params, &finalizers(&[]))
+                    .await
+                    .map(drop),
+            ),
+        }
+    }
+}
+
+fn ignore_conflict<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => other,
+    }
+}
+
+fn probe_pool() -> IPPoolReference {
+    IPPoolReference {
+        name: "raw".into(),
+        kind: "LoadProbe".into(),
+        api_group: "load.bitpool.test".into(),
+    }
+}
+
+fn raw_address(name: &str) -> IPAddress {
+    IPAddress::new(
+        name,
+        IPAddressSpec {
+            claim_ref: LocalObjectName { name: name.into() },
+            pool_ref: probe_pool(),
+            address: "192.0.2.1".into(),
+            prefix: 32,
+            gateway: None,
+        },
+    )
+}
+
+/// The load command's own view of a namespace's claims and address objects.
+pub struct Watch {
+    pub claims: Store<IPAddressClaim>,
+    pub addresses: Store<IPAddress>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Watch {
+    pub async fn start(client: &Client, namespace: &str) -> Result<Self, String> {
+        let (claims, claims_task) =
+            cache(Api::<IPAddressClaim>::namespaced(client.clone(), namespace));
+        let (addresses, addresses_task) =
+            cache(Api::<IPAddress>::namespaced(client.clone(), namespace));
+        for (what, ready) in [
+            ("claims", claims.wait_until_ready().await),
+            ("address objects", addresses.wait_until_ready().await),
+        ] {
+            ready.map_err(|e| format!("the watch of {what} failed: {e}"))?;
+        }
+        Ok(Self {
+            claims,
+            addresses,
+            tasks: vec![claims_task, addresses_task],
+        })
+    }
+
+    pub fn ready_claims(&self) -> usize {
+        self.claims.state().iter().filter(|c| is_ready(c)).count()
+    }
+
+    /// Waits until `done` holds, the provider exits or `limit` passes; says how far it got.
+    pub async fn until(
+        &self,
+        what: &str,
+        limit: Duration,
+        provider: &mut Running,
+        done: impl Fn(&Self) -> bool,
+        progress: impl Fn(&Self) -> String,
+    ) -> Result<Instant, String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if done(self) {
+                return Ok(Instant::now());
+            }
+            if let Some(exit) = provider.exited() {
+                return Err(format!("{what}: {exit}"));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{what}: not within {limit:?} ({})", progress(self)));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+fn cache<K>(api: Api<K>) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .for_each(|_| futures::future::ready(()));
+    (store, tokio::spawn(stream))
+}
+
+pub fn is_ready(claim: &IPAddressClaim) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.address_ref.as_ref())
+        .is_some_and(|r| !r.name.is_empty())
+}
+
+/// Duplicates and misses among the claims of a run, checked on the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// Address objects whose address another address object of the same run also has.
+    pub duplicates: usize,
+    /// Claims without an address object of theirs, from their pool, naming them.
+    pub misses: usize,
+}
+
+/// Lists the claims and address objects of `namespace` afresh and checks them against `pools`.
+pub async fn verify(client: &Client, namespace: &str, pools: &[Pool]) -> Result<Verdict, String> {
+    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), namespace);
+    let addresses: Api<IPAddress> = Api::namespaced(client.clone(), namespace);
+    let claims = list_all(&claims).await?;
+    let addresses = list_all(&addresses).await?;
+    let networks: HashMap<&str, IpNet> =
+        pools.iter().map(|p| (p.name.as_str(), p.network)).collect();
+    let mut holders: BTreeMap<IpAddr, usize> = BTreeMap::new();
+    let by_name: HashMap<String, &IPAddress> =
+        addresses.iter().map(|a| (a.name_any(), a)).collect();
+    for address in &addresses {
+        if let Ok(ip) = address.spec.address.parse::<IpAddr>() {
+            *holders.entry(ip).or_default() += 1;
+        }
+    }
+    let duplicates = holders.values().filter(|n| **n > 1).map(|n| n - 1).sum();
+    let misses = claims
+        .iter()
+        .filter(|claim| {
+            let network = networks.get(claim.spec.pool_ref.name.as_str());
+            let object = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.address_ref.as_ref())
+                .and_then(|r| by_name.get(&r.name));
+            !object.is_some_and(|a| {
+                a.spec.claim_ref.name == claim.name_any()
+                    && a.spec.pool_ref.name == claim.spec.pool_ref.name
+                    && a.spec
+                        .address
+                        .parse::<IpAddr>()
+                        .is_ok_and(|ip| network.is_some_and(|n| n.contains(&ip)))
+            })
+        })
+        .count();
+    Ok(Verdict { duplicates, misses })
+}
+
+async fn list_all<K>(api: &Api<K>) -> Result<Vec<K>, String>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let mut items = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api
+            .list(&params)
+            .await
+            .map_err(|e| format!("cannot list: {e}"))?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        items.extend(page.items);
+        match next {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(items),
+        }
+    }
+}
