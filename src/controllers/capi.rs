@@ -65,7 +65,7 @@ fn claims_of(key: &PoolKey, ctx: &Context) -> Vec<AnyClaim> {
     ctx.claims
         .state()
         .into_iter()
-        .filter(|c| PoolKey::of_claim(c).as_ref() == Some(key))
+        .filter(|c| key.is_named_by(&c.spec.pool_ref, c.metadata.namespace.as_deref()))
         .map(AnyClaim::Capi)
         .collect()
 }
@@ -76,7 +76,7 @@ fn addresses_of(key: &PoolKey, ctx: &Context, fresh: Option<&FreshAddresses>) ->
         None => ctx.addresses.state(),
     };
     all.into_iter()
-        .filter(|a| PoolKey::of_address(a).as_ref() == Some(key))
+        .filter(|a| key.is_named_by(&a.spec.pool_ref, a.metadata.namespace.as_deref()))
         .map(AnyAddress::Capi)
         .collect()
 }

@@ -112,8 +112,15 @@ pub struct ProcessState {
     spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
     /// Consecutive failed reconciles per object (`<Kind> <namespace>/<name>`).
     failures: Mutex<HashMap<String, u32>>,
+    /// Address objects this process deleted (UID → when), until the watch has caught up: a
+    /// lagging cache still lists them, and they need no check on the server.
+    deleted_addresses: Mutex<HashMap<String, Instant>>,
     shutdown: AtomicBool,
 }
+
+/// How long a deleted address object is remembered; a watch lagging longer costs a check on the
+/// server per object, nothing worse.
+const DELETED_MEMORY: Duration = Duration::from_secs(300);
 
 /// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
 /// it from every allocated address.
@@ -223,6 +230,25 @@ impl Context {
             Ok(mut map) => *map.entry(key.clone()).or_insert_with(Instant::now),
             Err(_) => Instant::now(),
         }
+    }
+
+    /// Remembers that this process deleted the address object with UID `uid`.
+    pub fn deleted_address(&self, uid: &str) {
+        if let Ok(mut map) = self.state.deleted_addresses.lock() {
+            // Amortised: the old entries go whenever the map has doubled.
+            if map.len() >= 1024 && map.len().is_power_of_two() {
+                map.retain(|_, at| at.elapsed() < DELETED_MEMORY);
+            }
+            map.insert(uid.to_string(), Instant::now());
+        }
+    }
+
+    /// Whether this process deleted the address object with UID `uid` not long ago.
+    pub fn recently_deleted_address(&self, uid: &str) -> bool {
+        self.state
+            .deleted_addresses
+            .lock()
+            .is_ok_and(|map| map.get(uid).is_some_and(|at| at.elapsed() < DELETED_MEMORY))
     }
 
     pub fn forget_orphans(&self, key: &PoolKey) {

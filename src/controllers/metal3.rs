@@ -163,7 +163,7 @@ impl PoolDialect for IPPool {
             .claims
             .state()
             .into_iter()
-            .filter(|c| PoolKey::of_claim(c).as_ref() == Some(&key))
+            .filter(|c| key.is_named_by(&c.spec.pool_ref, c.metadata.namespace.as_deref()))
             .map(AnyClaim::Capi);
         metal3.chain(capi).collect()
     }
@@ -194,7 +194,7 @@ impl PoolDialect for IPPool {
             .map(AnyAddress::Metal3);
         let capi = capi
             .into_iter()
-            .filter(|a| PoolKey::of_address(a).as_ref() == Some(&key))
+            .filter(|a| key.is_named_by(&a.spec.pool_ref, a.metadata.namespace.as_deref()))
             .map(AnyAddress::Capi);
         metal3.chain(capi).collect()
     }

@@ -75,6 +75,21 @@ impl PoolKey {
         })
     }
 
+    /// Whether a CAPI `poolRef` seen from `namespace` names this pool, as [`Self::of_ref`]
+    /// would say, without building a key: it is asked of every object in a cache.
+    pub fn is_named_by(&self, pool_ref: &IPPoolReference, namespace: Option<&str>) -> bool {
+        let scope = match (pool_ref.api_group.as_str(), pool_ref.kind.as_str()) {
+            (capi::GROUP, "InClusterIPPool") | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
+                namespace
+            }
+            (capi::GROUP, "GlobalInClusterIPPool") => None,
+            _ => return false,
+        };
+        pool_ref.name == self.name
+            && pool_ref.kind == self.kind
+            && scope == self.namespace.as_deref()
+    }
+
     pub fn of_claim(claim: &capi::IPAddressClaim) -> Option<Self> {
         Self::of_ref(&claim.spec.pool_ref, &claim.namespace()?)
     }
@@ -566,20 +581,22 @@ async fn transact<P: PoolDialect>(
         .any(|a| a.meta().deletion_timestamp.is_none());
     let create = !deleting && live_objects;
     let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, &mut batch.first).await;
-    keep_first(&mut ledger_error, repaired);
+    let known = keep_first(&mut ledger_error, repaired).flatten();
 
     let create = !deleting && !batch.first.allocate.is_empty();
-    let first = transaction::commit(&ledger_ref, pool, ctx, base, &batch.first, create).await;
-    let outcomes = keep_first(&mut ledger_error, first)
-        .map(|(_, _, outcomes)| outcomes)
+    let first =
+        transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.first, create).await;
+    let (outcomes, known) = keep_first(&mut ledger_error, first)
+        .map(|(_, _, outcomes, known)| (outcomes, known))
         .unwrap_or_default();
     let committed = Instant::now();
     let reclaimed_objects = batch.orphaned.len();
     create_addresses(pool, ctx, batch, &outcomes, committed, spec_error).await;
     delete_addresses(pool, ctx, batch).await?;
 
-    let current = transaction::load(&ledger_ref, pool, ctx, false).await;
-    if let Some(Some(stored)) = keep_first(&mut ledger_error, current) {
+    // The ledger as the first commit left it: anything changed since fails the second commit's
+    // write, which then starts over from a fresh read.
+    if let Some(stored) = &known {
         let unexplained = unexplained(pool, ctx, &stored.ledger, addresses).await;
         batch.second.release_unbound =
             keep_first(&mut ledger_error, unexplained).unwrap_or_default();
@@ -587,9 +604,10 @@ async fn transact<P: PoolDialect>(
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
         batch.second.release_claims.extend(vanished);
     }
-    let second = transaction::commit(&ledger_ref, pool, ctx, base, &batch.second, false).await;
+    let second =
+        transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.second, false).await;
     let (ledger, usage) = keep_first(&mut ledger_error, second)
-        .map(|(ledger, usage, _)| (ledger, usage))
+        .map(|(ledger, usage, _, _)| (ledger, usage))
         .unwrap_or_default();
     let metrics = &ctx.ops.metrics;
     metrics.allocated(&pool.key().kind, batch.second.confirm.len());
@@ -845,12 +863,13 @@ async fn delete_addresses<P: PoolDialect>(
             let gone = address
                 .delete(&ctx, P::address_finalizer(claim.kind()))
                 .await;
-            (claim, gone)
+            (claim, address, gone)
         }
     })
     .await;
-    for (claim, gone) in deletions {
+    for (claim, address, gone) in deletions {
         if gone? {
+            ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
             batch.second.release_claims.extend(claim.meta().uid.clone());
             batch.holders.remove(&(claim.kind(), claim.name()));
             batch.finished.push(claim);
@@ -871,6 +890,7 @@ async fn delete_addresses<P: PoolDialect>(
     for (address, gone) in orphans {
         match (gone?, address.ip()) {
             (true, Some(ip)) => {
+                ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
                 tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
                 batch.holders.remove(&address.claim());
                 batch
@@ -1014,7 +1034,7 @@ fn next_check(
 /// What the ledger must learn from the live address objects: an address object it does not list
 /// means the record lost something (a hand edit, a restore, another provider): the objects are
 /// adopted and the rebuild fence starts. When a fence is over, a fresh list is adopted and the
-/// fence ends.
+/// fence ends. Returns the ledger as read, for the first commit to start from.
 async fn repair_record<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
@@ -1022,11 +1042,11 @@ async fn repair_record<P: PoolDialect>(
     addresses: &AddressIndex,
     create: bool,
     intent: &mut Intent,
-) -> Result<(), Error> {
+) -> Result<Option<ledger::Stored>, Error> {
     let Some(stored) = transaction::load(ledger_ref, pool, ctx, create).await? else {
-        return Ok(());
+        return Ok(None);
     };
-    let ledger = stored.ledger;
+    let ledger = &stored.ledger;
     let fence_over =
         ledger.rebuilt_at.is_some() && ledger.fenced_until(&objects::now().0.to_string()).is_none();
     let unlisted = addresses
@@ -1034,7 +1054,7 @@ async fn repair_record<P: PoolDialect>(
         .filter_map(AnyAddress::ip)
         .any(|ip| !ledger.contains(ip));
     if !fence_over && !unlisted {
-        return Ok(());
+        return Ok(Some(stored));
     }
     let fresh = fresh_pool_addresses(pool, ctx).await?;
     intent.adopt = fresh
@@ -1050,7 +1070,7 @@ async fn repair_record<P: PoolDialect>(
         ));
     }
     intent.end_fence = fence_over;
-    Ok(())
+    Ok(Some(stored))
 }
 
 /// Address objects of the pool whose claim is gone (checked on the server, at most a batch at a
@@ -1063,12 +1083,17 @@ async fn orphaned_objects(
 ) -> Result<Vec<AnyAddress>, Error> {
     let suspects: Vec<((ClaimKind, String, String), AnyAddress)> = addresses
         .iter()
+        .filter(|(_, address)| {
+            let uid = address.meta().uid.as_deref().unwrap_or_default();
+            !ctx.recently_deleted_address(uid)
+        })
         .filter(|(key, address)| {
             let owner = address.claim_uid();
-            !claims
+            // Unknown here, or known with another UID than the object's owner.
+            claims
                 .all
                 .get(*key)
-                .is_some_and(|uid| owner.as_ref().is_none_or(|o| o == uid))
+                .is_none_or(|uid| owner.as_ref().is_some_and(|o| o != uid))
         })
         .take(BATCH)
         .map(|(key, address)| (key.clone(), address.clone()))
@@ -1199,5 +1224,48 @@ fn pool_labels(key: &PoolKey) -> crate::ops::metrics::PoolLabels {
         kind: key.kind.clone(),
         namespace: key.namespace.clone().unwrap_or_default(),
         name: key.name.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The allocation-free check says what building the key would say, for every combination.
+    #[test]
+    fn is_named_by_agrees_with_of_ref() {
+        let kinds = [
+            (capi::GROUP, "InClusterIPPool"),
+            (capi::GROUP, "GlobalInClusterIPPool"),
+            (metal3_ipam::GROUP, metal3_ipam::POOL_KIND),
+            ("other.example", "InClusterIPPool"),
+        ];
+        let refs: Vec<IPPoolReference> = kinds
+            .iter()
+            .flat_map(|(group, kind)| {
+                ["a", "b"].map(|name| IPPoolReference {
+                    name: name.into(),
+                    kind: kind.to_string(),
+                    api_group: group.to_string(),
+                })
+            })
+            .collect();
+        let namespaces = ["ns1", "ns2"];
+        let keys: Vec<PoolKey> = refs
+            .iter()
+            .flat_map(|r| namespaces.iter().filter_map(|ns| PoolKey::of_ref(r, ns)))
+            .collect();
+        for key in &keys {
+            for r in &refs {
+                for ns in namespaces {
+                    let built = PoolKey::of_ref(r, ns);
+                    assert_eq!(
+                        key.is_named_by(r, Some(ns)),
+                        built.as_ref() == Some(key),
+                        "{key:?} {r:?} {ns}"
+                    );
+                }
+            }
+        }
     }
 }

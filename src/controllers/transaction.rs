@@ -170,7 +170,14 @@ pub async fn load<P: PoolDialect>(
 /// A pool's empty address space and the fingerprint of the spec it was built from.
 pub type Base = (AddressSpace, (String, i64));
 
+/// What a commit wrote: the ledger, the pool's usage, each allocation's outcome, and the ledger
+/// as stored (with its version) for the next commit of the same reconcile to start from.
+pub type Committed = (Ledger, Option<Usage>, Outcomes, Option<Stored>);
+
 /// Applies `intent` to the server's ledger, retrying on conflicts with the fresh ledger.
+/// `known` is the ledger as this reconcile last read or wrote it, tried first: the write carries
+/// its version, so a ledger changed since costs a conflict and a fresh read, never a wrong
+/// record, and an unchanged one costs no read at all.
 /// `base` is `None` when the spec is invalid; the space that mirrors the written ledger is kept
 /// for the next reconcile. Without `create` (nothing to allocate, or the pool is being deleted)
 /// a missing ledger is not recreated and nothing is committed: there is nothing to record.
@@ -178,18 +185,25 @@ pub async fn commit<P: PoolDialect>(
     ledger_ref: &LedgerRef,
     pool: &P,
     ctx: &Arc<Context>,
-    base: Option<&Base>,
+    (base, known): (Option<&Base>, Option<Stored>),
     intent: &Intent,
     create: bool,
-) -> Result<(Ledger, Option<Usage>, Outcomes), Error> {
+) -> Result<Committed, Error> {
     let key = pool.key();
     let mut rng = StdRng::from_os_rng();
     let now = objects::now().0.to_string();
     let mut marked = intent.allocate.is_empty();
+    let mut known = known;
     for _ in 0..LEDGER_ATTEMPTS {
-        let Some(stored) = load(ledger_ref, pool, ctx, create).await? else {
-            let usage = base.map(|(empty, _)| Usage::of(empty));
-            return Ok((Ledger::default(), usage, Outcomes::new()));
+        let stored = match known.take() {
+            Some(stored) => stored,
+            None => match load(ledger_ref, pool, ctx, create).await? {
+                Some(stored) => stored,
+                None => {
+                    let usage = base.map(|(empty, _)| Usage::of(empty));
+                    return Ok((Ledger::default(), usage, Outcomes::new(), None));
+                }
+            },
         };
         // After the ledger exists (a mark before would make a new pool's first ledger look lost)
         // and before anything is reserved in it.
@@ -208,7 +222,7 @@ pub async fn commit<P: PoolDialect>(
         let (next, outcomes) =
             intent::apply(&stored.ledger, space.as_mut(), intent, &now, &mut rng);
         let written = if next == stored.ledger {
-            Some(stored)
+            Some(stored.clone())
         } else {
             ledger_ref.replace(stored.version(), &next).await?
         };
@@ -219,18 +233,18 @@ pub async fn commit<P: PoolDialect>(
         };
         let usage = space.as_ref().map(Usage::of);
         if let (Some(space), Some((_, fingerprint)), Some(version)) =
-            (space, base, written.version())
+            (space, base, written.version().map(str::to_string))
         {
             ctx.keep_space(
                 &key,
                 super::CachedSpace {
                     pool: fingerprint.clone(),
-                    ledger_version: version.to_string(),
+                    ledger_version: version,
                     space,
                 },
             );
         }
-        return Ok((next, usage, outcomes));
+        return Ok((next, usage, outcomes, Some(written)));
     }
     Err(Error::LedgerContention {
         ledger: ledger_ref.describe(),
