@@ -573,6 +573,16 @@ mod tests {
             ledger.pending.len()
         );
         assert!(size < 768 * 1024, "the worst ledger takes {size} bytes");
+        // Why random allocation keeps to a window: the same number scattered over the whole
+        // /64 would not fit at all.
+        use rand::Rng;
+        let mut scattered = AddressSet::default();
+        for _ in 0..100_000 {
+            scattered.insert((0x2001_0db8_u128 << 96) | u128::from(rng.random::<u64>()));
+        }
+        let scattered = scattered.to_bytes().len();
+        eprintln!("100,000 addresses scattered over a /64: {scattered} bytes");
+        assert!(scattered > 1024 * 1024);
     }
 
     fn reservation(uid: &str) -> Reservation {
