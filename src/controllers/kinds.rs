@@ -174,6 +174,33 @@ impl AnyClaim {
         Ok(true)
     }
 
+    /// The claim's address object read from the server, when its name is known without a list:
+    /// a CAPI claim's is named after it, a Metal3 claim's is in its status.
+    pub async fn fetch_address(&self, ctx: &Context) -> Result<Option<AnyAddress>, FetchError> {
+        let ns = self.namespace();
+        match self {
+            AnyClaim::Capi(c) => Api::<IPAddress>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(&c.name_any())
+                .await
+                .map(|a| a.map(|a| AnyAddress::Capi(Arc::new(a))))
+                .map_err(|e| FetchError::Api(Error::Kube(e))),
+            AnyClaim::Metal3(c) => {
+                let name = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.address.as_ref()?.name.clone());
+                let Some(name) = name else {
+                    return Err(FetchError::NameUnknown);
+                };
+                Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns)
+                    .get_opt(&name)
+                    .await
+                    .map(|a| a.map(|a| AnyAddress::Metal3(Arc::new(a))))
+                    .map_err(|e| FetchError::Api(Error::Kube(e)))
+            }
+        }
+    }
+
     /// The claim as an Event's `regarding`.
     pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
         match self {
@@ -333,6 +360,14 @@ fn metal3_status_patch(claim: &IPClaim, outcome: &Outcome) -> Option<serde_json:
     (!unchanged).then(|| json!({ "status": { "address": address, "errorMessage": error } }))
 }
 
+/// Why a claim's address object could not be read by name.
+#[derive(Debug)]
+pub enum FetchError {
+    /// The name is not known without listing the pool's objects.
+    NameUnknown,
+    Api(Error),
+}
+
 /// An existing address object.
 #[derive(Clone, Debug)]
 pub enum AnyAddress {
@@ -341,6 +376,14 @@ pub enum AnyAddress {
 }
 
 impl AnyAddress {
+    /// The pool the object says it is from.
+    pub fn pool_key(&self) -> Option<super::pool::PoolKey> {
+        match self {
+            AnyAddress::Capi(a) => super::pool::PoolKey::of_address(a),
+            AnyAddress::Metal3(a) => super::pool::PoolKey::of_metal3_address(a),
+        }
+    }
+
     pub fn meta(&self) -> &ObjectMeta {
         match self {
             AnyAddress::Capi(a) => a.meta(),

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use super::Context;
 use super::error::Error;
 use super::intent::{Intent, Refusal, Request};
-use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, NewAddress, Outcome};
+use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
 use super::objects::{self, FinalizerPatch};
 use super::transaction;
@@ -719,14 +719,15 @@ async fn plan<P: PoolDialect>(
         }
     }
     // A stale cache may miss a just-created address object: ask the server before concluding.
-    let fresh = if claims
+    let missing: Vec<AnyClaim> = claims
         .releasing
         .iter()
-        .any(|c| !addresses.contains_key(&claim_key(c)))
-    {
-        Some(index_addresses(fresh_pool_addresses(pool, ctx).await?))
-    } else {
-        None
+        .filter(|c| !addresses.contains_key(&claim_key(c)))
+        .cloned()
+        .collect();
+    let fresh = match missing.is_empty() {
+        true => None,
+        false => Some(fresh_objects_of(pool, ctx, missing).await?),
     };
     for claim in &claims.releasing {
         let Some(id) = claim.id() else { continue };
@@ -745,6 +746,34 @@ async fn plan<P: PoolDialect>(
         }
     }
     Ok(batch)
+}
+
+/// The address objects of `claims` read from the server: each by its name, in parallel, or when
+/// a name is not known, every object of the pool (a list: the exception).
+async fn fresh_objects_of<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    claims: Vec<AnyClaim>,
+) -> Result<AddressIndex, Error> {
+    let key = pool.key();
+    let read = in_parallel(
+        claims,
+        |claim| async move { claim.fetch_address(ctx).await },
+    )
+    .await;
+    let mut found = Vec::new();
+    for result in read {
+        match result {
+            Ok(address) => found.extend(address),
+            Err(FetchError::Api(e)) => return Err(e),
+            Err(FetchError::NameUnknown) => {
+                return Ok(index_addresses(fresh_pool_addresses(pool, ctx).await?));
+            }
+        }
+    }
+    // Only objects of this pool count (a name may be taken by another pool's object).
+    found.retain(|a| a.pool_key().as_ref() == Some(&key));
+    Ok(index_addresses(found))
 }
 
 /// Creates the address objects of the reservations just committed, and records the outcomes.
