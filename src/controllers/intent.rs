@@ -183,19 +183,19 @@ pub fn apply(
     };
     let fenced = next.fenced_until(now);
     for request in &intent.allocate {
+        let reservation = request.claim.reservation(now);
         let outcome = match next.reservation_of(&request.claim.uid) {
             Some((address, _)) => Ok(space.lease_for(address)),
             None if fenced.is_some() => Err(Refusal::Fenced {
                 until: fenced.clone().unwrap_or_default(),
             }),
-            None if !room.fits(&request.claim.reservation(now)) => Err(Refusal::Deferred),
+            None if !room.fits(&reservation) => Err(Refusal::Deferred),
             None => match space.allocate(
                 &request.preallocation_key,
                 request.requested.as_deref(),
                 rng,
             ) {
                 Ok(lease) => {
-                    let reservation = request.claim.reservation(now);
                     room.take(&reservation);
                     next.reserve(lease.address, reservation);
                     Ok(lease)

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt, stream};
@@ -19,7 +20,7 @@ use tokio::sync::Notify;
 struct Pending<K: Resource<DynamicType = ()>> {
     changed: Mutex<HashMap<ObjectRef<K>, Arc<K>>>,
     /// Set when the subscription ended (the watch stopped).
-    closed: Mutex<bool>,
+    closed: AtomicBool,
     wake: Notify,
 }
 
@@ -31,7 +32,7 @@ where
 {
     let pending = Arc::new(Pending {
         changed: Mutex::new(HashMap::new()),
-        closed: Mutex::new(false),
+        closed: AtomicBool::new(false),
         wake: Notify::new(),
     });
     let filler = pending.clone();
@@ -42,13 +43,14 @@ where
             }
             filler.wake.notify_one();
         }
-        if let Ok(mut closed) = filler.closed.lock() {
-            *closed = true;
-        }
+        filler.closed.store(true, Ordering::SeqCst);
         filler.wake.notify_one();
     });
     stream::unfold(pending, |pending| async move {
         loop {
+            // Read before the drain: every change was recorded before the flag was set, so a
+            // drain after seeing it set misses nothing.
+            let closed = pending.closed.load(Ordering::SeqCst);
             let taken: Vec<Arc<K>> = match pending.changed.lock() {
                 Ok(mut changed) => changed.drain().map(|(_, object)| object).collect(),
                 Err(_) => Vec::new(),
@@ -56,7 +58,7 @@ where
             if !taken.is_empty() {
                 return Some((stream::iter(taken), pending));
             }
-            if pending.closed.lock().map_or(true, |closed| *closed) {
+            if closed {
                 return None;
             }
             pending.wake.notified().await;

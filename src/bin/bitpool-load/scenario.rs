@@ -388,7 +388,7 @@ impl Runner {
     }
 
     /// Deletes the pools while the provider runs (it holds their finalizers), then the rest.
-    async fn finish(&self, run: Run<'_>) -> Result<(), String> {
+    async fn finish(&self, mut run: Run<'_>) -> Result<(), String> {
         let api: kube::Api<bitpool::api::capi_pools::InClusterIPPool> =
             kube::Api::namespaced(self.load.client.clone(), &run.namespace);
         let _ = api
@@ -406,7 +406,6 @@ impl Runner {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let mut run = run;
         run.running.stop();
         self.load.delete_namespace(&run.namespace, self.limit).await
     }
