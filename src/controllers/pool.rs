@@ -59,18 +59,27 @@ pub struct PoolKey {
 }
 
 impl PoolKey {
+    /// The namespace of the bitpool pool a CAPI `poolRef` names, seen from an object in
+    /// `namespace`: that namespace for a namespaced pool, `Some(None)` for a cluster-scoped one,
+    /// `None` for a kind bitpool does not serve.
+    fn scope_of<'a>(
+        pool_ref: &IPPoolReference,
+        namespace: Option<&'a str>,
+    ) -> Option<Option<&'a str>> {
+        match (pool_ref.api_group.as_str(), pool_ref.kind.as_str()) {
+            (capi::GROUP, "InClusterIPPool") | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
+                Some(namespace)
+            }
+            (capi::GROUP, "GlobalInClusterIPPool") => Some(None),
+            _ => None,
+        }
+    }
+
     /// The bitpool pool a CAPI `poolRef` names, seen from an object in `namespace`.
     pub fn of_ref(pool_ref: &IPPoolReference, namespace: &str) -> Option<Self> {
-        let namespace = match (pool_ref.api_group.as_str(), pool_ref.kind.as_str()) {
-            (capi::GROUP, "InClusterIPPool") | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
-                Some(namespace.to_string())
-            }
-            (capi::GROUP, "GlobalInClusterIPPool") => None,
-            _ => return None,
-        };
         Some(Self {
             kind: pool_ref.kind.clone(),
-            namespace,
+            namespace: Self::scope_of(pool_ref, Some(namespace))?.map(str::to_string),
             name: pool_ref.name.clone(),
         })
     }
@@ -78,16 +87,11 @@ impl PoolKey {
     /// Whether a CAPI `poolRef` seen from `namespace` names this pool, as [`Self::of_ref`]
     /// would say, without building a key: it is asked of every object in a cache.
     pub fn is_named_by(&self, pool_ref: &IPPoolReference, namespace: Option<&str>) -> bool {
-        let scope = match (pool_ref.api_group.as_str(), pool_ref.kind.as_str()) {
-            (capi::GROUP, "InClusterIPPool") | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
-                namespace
-            }
-            (capi::GROUP, "GlobalInClusterIPPool") => None,
-            _ => return false,
-        };
-        pool_ref.name == self.name
-            && pool_ref.kind == self.kind
-            && scope == self.namespace.as_deref()
+        Self::scope_of(pool_ref, namespace).is_some_and(|scope| {
+            pool_ref.name == self.name
+                && pool_ref.kind == self.kind
+                && scope == self.namespace.as_deref()
+        })
     }
 
     pub fn of_claim(claim: &capi::IPAddressClaim) -> Option<Self> {
@@ -586,16 +590,18 @@ async fn transact<P: PoolDialect>(
     let create = !deleting && !batch.first.allocate.is_empty();
     let first =
         transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.first, create).await;
-    let (outcomes, known) = keep_first(&mut ledger_error, first)
-        .map(|(_, _, outcomes, known)| (outcomes, known))
+    let outcomes = keep_first(&mut ledger_error, first)
+        .map(|(_, _, outcomes, _)| outcomes)
         .unwrap_or_default();
     let committed = Instant::now();
     let reclaimed_objects = batch.orphaned.len();
     create_addresses(pool, ctx, batch, &outcomes, committed, spec_error).await;
     delete_addresses(pool, ctx, batch).await?;
 
-    // The ledger as the first commit left it: anything changed since fails the second commit's
-    // write, which then starts over from a fresh read.
+    // Read again, not the ledger the first commit wrote: what is found unexplained is judged
+    // against a fresh list of the address objects, which must not be older than the ledger.
+    let current = transaction::load(&ledger_ref, pool, ctx, false).await;
+    let known = keep_first(&mut ledger_error, current).flatten();
     if let Some(stored) = &known {
         let unexplained = unexplained(pool, ctx, &stored.ledger, addresses).await;
         batch.second.release_unbound =
@@ -1112,10 +1118,6 @@ async fn orphaned_objects(
 ) -> Result<Vec<AnyAddress>, Error> {
     let suspects: Vec<((ClaimKind, String, String), AnyAddress)> = addresses
         .iter()
-        .filter(|(_, address)| {
-            let uid = address.meta().uid.as_deref().unwrap_or_default();
-            !ctx.recently_deleted_address(uid)
-        })
         .filter(|(key, address)| {
             let owner = address.claim_uid();
             // Unknown here, or known with another UID than the object's owner.
@@ -1123,6 +1125,11 @@ async fn orphaned_objects(
                 .all
                 .get(*key)
                 .is_none_or(|uid| owner.as_ref().is_some_and(|o| o != uid))
+        })
+        // Only then the lock: most objects of a pool have their claim.
+        .filter(|(_, address)| {
+            let uid = address.meta().uid.as_deref().unwrap_or_default();
+            !ctx.recently_deleted_address(uid)
         })
         .take(BATCH)
         .map(|(key, address)| (key.clone(), address.clone()))
