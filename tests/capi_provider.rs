@@ -7,10 +7,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use bitpool::api::capi::{
-    Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference,
+    Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec,
+    IPPoolReference, LocalObjectName,
 };
 use bitpool::api::capi_pools::{
-    GlobalInClusterIPPool, GlobalInClusterIPPoolSpec, InClusterIPPool, InClusterIPPoolSpec,
+    ADDRESS_FINALIZER, CLAIM_FINALIZER, GlobalInClusterIPPool, GlobalInClusterIPPoolSpec,
+    InClusterIPPool, InClusterIPPoolSpec,
 };
 use bitpool::api::{AllocationStrategy, labels};
 use bitpool::controllers::WATCH_FILTER_LABEL;
@@ -922,4 +924,70 @@ async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
     );
     let _restarted = Bitpool::start(env.name(), &[]);
     assert_consistent(&env, &["left", "right"], 300).await;
+}
+
+/// Switching in place: the provider bitpool replaces left claims with address objects, and no
+/// ledger. bitpool keeps every one of them and hands the new claims only the other addresses.
+#[tokio::test]
+async fn addresses_written_by_the_replaced_provider_are_kept() {
+    let Some(env) = Env::new("capi-switch").await else {
+        return;
+    };
+    env.pool("pool", spec(&["10.9.0.1-10.9.0.6"], 24, None))
+        .await;
+    let mut before = BTreeMap::new();
+    for (i, address) in ["10.9.0.2", "10.9.0.4", "10.9.0.5"].iter().enumerate() {
+        let name = format!("old-{i}");
+        let mut claim = env.claim_object(&name, "InClusterIPPool", "pool");
+        claim.metadata.finalizers = Some(vec![CLAIM_FINALIZER.into()]);
+        let claim = env.create_claim(claim).await;
+        let object = IPAddress {
+            metadata: ObjectMeta {
+                finalizers: Some(vec![ADDRESS_FINALIZER.into()]),
+                owner_references: Some(vec![
+                    bitpool::controllers::objects::owner_reference(&claim, true)
+                        .expect("claim has a UID"),
+                ]),
+                ..env.meta(&name)
+            },
+            spec: IPAddressSpec {
+                claim_ref: LocalObjectName { name: name.clone() },
+                pool_ref: claim.spec.pool_ref.clone(),
+                address: address.to_string(),
+                prefix: 24,
+                gateway: None,
+            },
+        };
+        let created = env
+            .addresses()
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("create the replaced provider's IPAddress");
+        before.insert(name, (address.to_string(), created.uid()));
+    }
+
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    for i in 0..3 {
+        env.claim(&format!("new-{i}"), "pool").await;
+    }
+    let mut handed = BTreeSet::new();
+    for i in 0..3 {
+        let name = format!("new-{i}");
+        env.wait_ready(&name, "True", None).await;
+        handed.insert(env.address(&name).await.spec.address);
+    }
+    let free: BTreeSet<String> = ["10.9.0.1", "10.9.0.3", "10.9.0.6"]
+        .map(String::from)
+        .into();
+    assert_eq!(handed, free, "the new claims got the addresses nobody held");
+    for (name, (address, uid)) in &before {
+        let kept = env.address(name).await;
+        assert_eq!(
+            (&kept.spec.address, kept.uid()),
+            (address, uid.clone()),
+            "{name}'s address object was left as it was"
+        );
+        env.wait_ready(name, "True", None).await;
+    }
+    env.wait_pool_counts("pool", (6, 6, 0, 0)).await;
 }

@@ -102,12 +102,22 @@ async fn mark_before_reserving<P: PoolDialect>(
 }
 
 /// A ledger rebuilt from the pool's live address objects, fenced when the record was lost.
+///
+/// A lost record is rebuilt from a fresh list: another process may have just created objects
+/// for its reservations. A pool that never reserved is seeded from the synced cache instead:
+/// no bitpool process creates an address object before the pool carries its mark, which was
+/// just read from the server, so what there is to adopt was written by another provider before
+/// (the one bitpool replaces), and a list would add nothing. One list per new pool would cost
+/// a read of every address object in the namespace, per pool.
 async fn rebuild<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     lost: Option<String>,
 ) -> Result<Ledger, Error> {
-    let existing = fresh_pool_addresses(pool, ctx).await?;
+    let existing = match lost {
+        Some(_) => fresh_pool_addresses(pool, ctx).await?,
+        None => pool.addresses(ctx, None),
+    };
     let mut ledger = Ledger::from_addresses(existing.iter().filter_map(AnyAddress::ip));
     if let Some(because) = lost {
         tracing::warn!(
