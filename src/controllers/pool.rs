@@ -1084,8 +1084,11 @@ async fn repair_record<P: PoolDialect>(
     let ledger = &stored.ledger;
     let fence_over =
         ledger.rebuilt_at.is_some() && ledger.fenced_until(&objects::now().0.to_string()).is_none();
+    // Objects this process deleted are not live, though a lagging cache still lists them (a
+    // mass deletion would otherwise list the namespace once per reconcile).
     let unlisted = addresses
         .values()
+        .filter(|a| !ctx.recently_deleted_address(a.meta().uid.as_deref().unwrap_or_default()))
         .filter_map(AnyAddress::ip)
         .any(|ip| !ledger.contains(ip));
     if !fence_over && !unlisted {
