@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use bitpool::alloc::{AddressSpace, CapiPool, family};
+use bitpool::alloc::{AddressSpace, CapiPool, PrefixPool, family};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -38,7 +38,14 @@ fn pools() -> [Pool; 2] {
 
 /// A space with `n` used addresses and `n/10` holes among them, and the list of used addresses.
 fn filled(spec: &CapiPool, n: usize) -> (AddressSpace, Vec<IpAddr>) {
-    let mut space = AddressSpace::capi(spec).expect("benchmark pool is valid");
+    fill(
+        AddressSpace::capi(spec).expect("benchmark pool is valid"),
+        n,
+    )
+}
+
+/// `space` with `n` used addresses and `n/10` holes among them, and the list of used addresses.
+fn fill(mut space: AddressSpace, n: usize) -> (AddressSpace, Vec<IpAddr>) {
     let mut rng = StdRng::seed_from_u64(1);
     let holes = n / 10;
     let mut used = Vec::with_capacity(n + holes);
@@ -108,6 +115,52 @@ fn timed_chunks<S>(
     total
 }
 
+/// One allocation from `space` (filled by [`fill`] with `n`), as bench `bitpool/<n>`.
+fn bitpool_allocation(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    n: usize,
+    space: &AddressSpace,
+) {
+    let chunk = (n / 10) as u64;
+    group.bench_with_input(BenchmarkId::new("bitpool", n), &n, |b, _| {
+        let mut rng = StdRng::seed_from_u64(2);
+        b.iter_custom(|iters| {
+            let mut state = space.clone();
+            timed_chunks(
+                iters,
+                chunk,
+                &mut state,
+                |s| {
+                    s.allocate("bench", None, &mut rng)
+                        .expect("holes are free")
+                        .address
+                },
+                |s, a| {
+                    s.release(a);
+                },
+            )
+        })
+    });
+}
+
+/// A /64 out of a /32 (2^32 candidates) with 100,000 /64s used.
+fn prefix_allocation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prefix_64_of_32");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3));
+    let spec = PrefixPool {
+        prefixes: vec!["2001:db8::/32".into()],
+        allocation_prefix_length: 64,
+        ..Default::default()
+    };
+    let (space, _) = spec.space().expect("benchmark pool is valid");
+    let n = 100_000;
+    let (space, _) = fill(space, n);
+    bitpool_allocation(&mut group, n, &space);
+    group.finish();
+}
+
 fn allocation(c: &mut Criterion) {
     for pool in pools() {
         let mut group = c.benchmark_group(pool.name);
@@ -117,25 +170,7 @@ fn allocation(c: &mut Criterion) {
         for n in FILLS {
             let (space, used) = filled(&pool.spec, n);
             let chunk = (n / 10) as u64;
-            group.bench_with_input(BenchmarkId::new("bitpool", n), &n, |b, _| {
-                let mut rng = StdRng::seed_from_u64(2);
-                b.iter_custom(|iters| {
-                    let mut state = space.clone();
-                    timed_chunks(
-                        iters,
-                        chunk,
-                        &mut state,
-                        |s| {
-                            s.allocate("bench", None, &mut rng)
-                                .expect("holes are free")
-                                .address
-                        },
-                        |s, a| {
-                            s.release(a);
-                        },
-                    )
-                })
-            });
+            bitpool_allocation(&mut group, n, &space);
 
             let range =
                 family::parse_entry(&pool.spec.addresses[0]).expect("benchmark pool is valid");
@@ -185,5 +220,5 @@ fn rebuild(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, allocation, rebuild);
+criterion_group!(benches, allocation, prefix_allocation, rebuild);
 criterion_main!(benches);

@@ -38,6 +38,29 @@ pub enum SpecError {
     InvalidPrefix { prefix: i64, family: Family },
     #[error("pools[{index}]: an entry needs a start or a subnet")]
     EntryWithoutStart { index: usize },
+    #[error("{field}: {value:?} is not network aligned (its host bits are not zero)")]
+    NotNetworkAligned { field: String, value: String },
+    #[error(
+        "allocationPrefixLength {length} is not valid for {family} (1 to {})",
+        family.bits()
+    )]
+    InvalidAllocationLength { length: i64, family: Family },
+    #[error(
+        "{field}: {value:?} is longer than allocationPrefixLength {length}; sub-prefixes are cut from prefixes at least that large"
+    )]
+    AllocationLongerThanPrefix {
+        field: String,
+        value: String,
+        length: u8,
+    },
+    #[error("{field}: {value:?} is not inside the pool's prefixes")]
+    ExcludedOutsidePool { field: String, value: String },
+    #[error("{field}: {value:?} is not a network address of a /{length} sub-prefix")]
+    NotASubPrefix {
+        field: String,
+        value: String,
+        length: u8,
+    },
     #[error("preAllocations[{claim}]: {address} is not in the pool")]
     PreAllocationOutsidePool { claim: String, address: IpAddr },
     #[error("preAllocations: {address} is given to both {first:?} and {second:?}")]

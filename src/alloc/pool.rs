@@ -118,7 +118,7 @@ impl Layout {
 
 /// What a preallocation outside the pool does.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Outside {
+pub(super) enum Outside {
     /// The spec is invalid.
     Refuse,
     /// The claim it names is refused; the rest of the pool works.
@@ -126,7 +126,7 @@ enum Outside {
 }
 
 /// Sorted, merged inclusive ranges.
-fn normalize(mut ranges: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
+pub(super) fn normalize(mut ranges: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
     ranges.sort_unstable();
     let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
     for (first, last) in ranges {
@@ -141,7 +141,7 @@ fn normalize(mut ranges: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
 }
 
 /// `set` without `remove`; both sorted and merged.
-fn subtract(set: &[(u128, u128)], remove: &[(u128, u128)]) -> Vec<(u128, u128)> {
+pub(super) fn subtract(set: &[(u128, u128)], remove: &[(u128, u128)]) -> Vec<(u128, u128)> {
     let mut out = Vec::new();
     let mut j = 0;
     for &(first, last) in set {
@@ -169,12 +169,18 @@ fn subtract(set: &[(u128, u128)], remove: &[(u128, u128)]) -> Vec<(u128, u128)> 
     out
 }
 
-struct FamilyCheck {
-    family: Option<Family>,
+#[derive(Default)]
+pub(super) struct FamilyCheck {
+    pub(super) family: Option<Family>,
 }
 
 impl FamilyCheck {
-    fn check(&mut self, field: &str, value: &str, found: Family) -> Result<(), SpecError> {
+    pub(super) fn check(
+        &mut self,
+        field: &str,
+        value: &str,
+        found: Family,
+    ) -> Result<(), SpecError> {
         match self.family {
             Some(pool) if pool != found => Err(SpecError::MixedFamilies {
                 field: field.to_string(),
@@ -190,7 +196,7 @@ impl FamilyCheck {
     }
 }
 
-fn entry(field: String, text: &str) -> Result<Range, SpecError> {
+pub(super) fn entry(field: String, text: &str) -> Result<Range, SpecError> {
     family::parse_entry(text).map_err(|e| {
         let value = text.to_string();
         match e {
@@ -202,7 +208,11 @@ fn entry(field: String, text: &str) -> Result<Range, SpecError> {
     })
 }
 
-fn address(field: &str, text: &str, families: &mut FamilyCheck) -> Result<IpAddr, SpecError> {
+pub(super) fn address(
+    field: &str,
+    text: &str,
+    families: &mut FamilyCheck,
+) -> Result<IpAddr, SpecError> {
     let parsed = family::parse_address(text).ok_or_else(|| SpecError::InvalidAddress {
         field: field.to_string(),
         value: text.to_string(),
@@ -234,7 +244,7 @@ fn prefix(value: i64, family: Family) -> Result<u8, SpecError> {
 }
 
 /// Preallocations inside the pool, and (with [`Outside::KeepForClaim`]) those outside it.
-type PreAllocations = (BTreeMap<String, u128>, BTreeMap<String, u128>);
+pub(super) type PreAllocations = (BTreeMap<String, u128>, BTreeMap<String, u128>);
 
 /// Validates preallocations: parseable, of the pool's family, one claim each, and inside a
 /// segment (or, per `outside`, set apart for their claim).
@@ -244,12 +254,25 @@ fn pre_allocations(
     segments: &[Segment],
     outside: Outside,
 ) -> Result<PreAllocations, SpecError> {
+    place_pre_allocations(texts, segments, outside, |claim, text| {
+        let parsed = address(&format!("preAllocations[{claim}]"), text, families)?;
+        Ok((family::to_value(parsed), parsed))
+    })
+}
+
+/// Places each claim's preallocation, read by `parse` as a value and the address that names it
+/// in errors: one claim per value, each inside a segment (or, per `outside`, set apart).
+pub(super) fn place_pre_allocations(
+    texts: &BTreeMap<String, String>,
+    segments: &[Segment],
+    outside: Outside,
+    mut parse: impl FnMut(&str, &str) -> Result<(u128, IpAddr), SpecError>,
+) -> Result<PreAllocations, SpecError> {
     let mut holders: BTreeMap<u128, &str> = BTreeMap::new();
     let mut out = BTreeMap::new();
     let mut out_of_bounds = BTreeMap::new();
     for (claim, text) in texts {
-        let parsed = address(&format!("preAllocations[{claim}]"), text, families)?;
-        let value = family::to_value(parsed);
+        let (value, named) = parse(claim, text)?;
         if !segments.iter().any(|s| s.first <= value && value <= s.last) {
             if outside == Outside::KeepForClaim {
                 out_of_bounds.insert(claim.clone(), value);
@@ -257,12 +280,12 @@ fn pre_allocations(
             }
             return Err(SpecError::PreAllocationOutsidePool {
                 claim: claim.clone(),
-                address: parsed,
+                address: named,
             });
         }
         if let Some(first) = holders.insert(value, claim) {
             return Err(SpecError::PreAllocationTwice {
-                address: parsed,
+                address: named,
                 first: first.to_string(),
                 second: claim.clone(),
             });
