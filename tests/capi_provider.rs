@@ -413,28 +413,7 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
 
     // A global pool serves both namespaces from one address space. Both processes watch it
     // (its label names the first test namespace; the second process uses the same filter).
-    let global = GlobalInClusterIPPool {
-        metadata: ObjectMeta {
-            name: Some(format!("{}-global", env.name())),
-            labels: Some(BTreeMap::from([(
-                WATCH_FILTER_LABEL.to_string(),
-                env.name().to_string(),
-            )])),
-            ..Default::default()
-        },
-        spec: GlobalInClusterIPPoolSpec {
-            pool: spec(&["10.4.9.1-10.4.9.2"], 24, None),
-        },
-        status: None,
-    };
-    let globals: Api<GlobalInClusterIPPool> = Api::all(client.clone());
-    let global = globals
-        .create(&PostParams::default(), &global)
-        .await
-        .expect("global pool");
-    let _cleanup = GlobalCleanup {
-        name: global.name_any(),
-    };
+    let (global, _cleanup) = global_pool(&env, spec(&["10.4.9.1-10.4.9.2"], 24, None)).await;
     let global_claim =
         |env: &Env| env.claim_object("g", "GlobalInClusterIPPool", &global.name_any());
     env.create_claim(global_claim(&env)).await;
@@ -461,6 +440,34 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
 
 /// Deletes a cluster-scoped pool at the end of a test (its finalizer first: no bitpool is left
 /// to release it).
+/// The test's GlobalInClusterIPPool `<namespace>-global`, labelled with its watch filter, and
+/// what removes it at the end.
+async fn global_pool(
+    env: &Env,
+    spec: InClusterIPPoolSpec,
+) -> (GlobalInClusterIPPool, GlobalCleanup) {
+    let global = GlobalInClusterIPPool {
+        metadata: ObjectMeta {
+            name: Some(format!("{}-global", env.name())),
+            labels: Some(BTreeMap::from([(
+                WATCH_FILTER_LABEL.to_string(),
+                env.name().to_string(),
+            )])),
+            ..Default::default()
+        },
+        spec: GlobalInClusterIPPoolSpec { pool: spec },
+        status: None,
+    };
+    let global = Api::<GlobalInClusterIPPool>::all(env.client.clone())
+        .create(&PostParams::default(), &global)
+        .await
+        .expect("global pool");
+    let cleanup = GlobalCleanup {
+        name: global.name_any(),
+    };
+    (global, cleanup)
+}
+
 struct GlobalCleanup {
     name: String,
 }
@@ -926,6 +933,43 @@ async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
     assert_consistent(&env, &["left", "right"], 300).await;
 }
 
+/// A claim and its IPAddress as the provider bitpool replaces left them: both finalizers, the
+/// address owned by the claim, and no ledger. Returns the address object's UID.
+async fn replaced_provider_claim(
+    env: &Env,
+    name: &str,
+    kind: &str,
+    pool: &str,
+    address: &str,
+) -> String {
+    let mut claim = env.claim_object(name, kind, pool);
+    claim.metadata.finalizers = Some(vec![CLAIM_FINALIZER.into()]);
+    let claim = env.create_claim(claim).await;
+    let object = IPAddress {
+        metadata: ObjectMeta {
+            finalizers: Some(vec![ADDRESS_FINALIZER.into()]),
+            owner_references: Some(vec![
+                bitpool::controllers::objects::owner_reference(&claim, true)
+                    .expect("claim has a UID"),
+            ]),
+            ..env.meta(name)
+        },
+        spec: IPAddressSpec {
+            claim_ref: LocalObjectName { name: name.into() },
+            pool_ref: claim.spec.pool_ref.clone(),
+            address: address.to_string(),
+            prefix: 24,
+            gateway: None,
+        },
+    };
+    env.addresses()
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("create the replaced provider's IPAddress")
+        .uid()
+        .unwrap_or_default()
+}
+
 /// Switching in place: the provider bitpool replaces left claims with address objects, and no
 /// ledger. bitpool keeps every one of them and hands the new claims only the other addresses.
 #[tokio::test]
@@ -938,32 +982,8 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
     let mut before = BTreeMap::new();
     for (i, address) in ["10.9.0.2", "10.9.0.4", "10.9.0.5"].iter().enumerate() {
         let name = format!("old-{i}");
-        let mut claim = env.claim_object(&name, "InClusterIPPool", "pool");
-        claim.metadata.finalizers = Some(vec![CLAIM_FINALIZER.into()]);
-        let claim = env.create_claim(claim).await;
-        let object = IPAddress {
-            metadata: ObjectMeta {
-                finalizers: Some(vec![ADDRESS_FINALIZER.into()]),
-                owner_references: Some(vec![
-                    bitpool::controllers::objects::owner_reference(&claim, true)
-                        .expect("claim has a UID"),
-                ]),
-                ..env.meta(&name)
-            },
-            spec: IPAddressSpec {
-                claim_ref: LocalObjectName { name: name.clone() },
-                pool_ref: claim.spec.pool_ref.clone(),
-                address: address.to_string(),
-                prefix: 24,
-                gateway: None,
-            },
-        };
-        let created = env
-            .addresses()
-            .create(&PostParams::default(), &object)
-            .await
-            .expect("create the replaced provider's IPAddress");
-        before.insert(name, (address.to_string(), created.uid()));
+        let uid = replaced_provider_claim(&env, &name, "InClusterIPPool", "pool", address).await;
+        before.insert(name, (address.to_string(), Some(uid)));
     }
 
     let _bitpool = Bitpool::start(env.name(), &[]);
@@ -990,4 +1010,21 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
         env.wait_ready(name, "True", None).await;
     }
     env.wait_pool_counts("pool", (6, 6, 0, 0)).await;
+
+    // A process limited to one namespace seeds a global pool with what it holds everywhere.
+    let other = Env {
+        client: env.client.clone(),
+        ns: TestNamespace::new(&env.client, "capi-switch-other").await,
+    };
+    let (global, _cleanup) = global_pool(&env, spec(&["10.9.9.1-10.9.9.2"], 24, None)).await;
+    let kind = "GlobalInClusterIPPool";
+    replaced_provider_claim(&other, "old", kind, &global.name_any(), "10.9.9.1").await;
+    env.create_claim(env.claim_object("new-global", kind, &global.name_any()))
+        .await;
+    env.wait_ready("new-global", "True", None).await;
+    assert_eq!(
+        env.address("new-global").await.spec.address,
+        "10.9.9.2",
+        "the address held in another namespace was kept"
+    );
 }

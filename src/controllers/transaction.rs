@@ -108,15 +108,17 @@ async fn mark_before_reserving<P: PoolDialect>(
 /// no bitpool process creates an address object before the pool carries its mark, which was
 /// just read from the server, so what there is to adopt was written by another provider before
 /// (the one bitpool replaces), and a list would add nothing. One list per new pool would cost
-/// a read of every address object in the namespace, per pool.
+/// a read of every address object in the namespace, per pool. The cache does not reach what a
+/// cluster-scoped pool holds outside the namespace this process is limited to: a list does.
 async fn rebuild<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     lost: Option<String>,
 ) -> Result<Ledger, Error> {
+    let beyond_cache = pool.key().namespace.is_none() && ctx.settings.namespace.is_some();
     let existing = match lost {
-        Some(_) => fresh_pool_addresses(pool, ctx).await?,
-        None => pool.addresses(ctx, None),
+        None if !beyond_cache => pool.addresses(ctx, None),
+        _ => fresh_pool_addresses(pool, ctx).await?,
     };
     let mut ledger = Ledger::from_addresses(existing.iter().filter_map(AnyAddress::ip));
     if let Some(because) = lost {
