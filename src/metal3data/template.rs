@@ -132,7 +132,14 @@ pub async fn reconcile(
         let data = by_claim.get(&claim_name);
         if claim.meta().deletion_timestamp.is_some() || (deleting && data.is_none()) {
             if let Some(data) = data {
-                objects::remove_finalizer(&datas, data, DATA_CLAIM_FINALIZER).await?;
+                // A Metal3Data written meanwhile keeps this finalizer: so does its claim, until a
+                // later pass, or nothing would be left to name the Metal3Data to release.
+                if objects::remove_finalizer(&datas, data, DATA_CLAIM_FINALIZER).await?
+                    == FinalizerPatch::Stale
+                {
+                    retry = true;
+                    continue;
+                }
                 delete_ignoring_missing(&datas, &data.name_any()).await?;
                 // Shared watches do not report deletions: look again for the indexes.
                 retry = true;
