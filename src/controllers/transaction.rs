@@ -146,9 +146,13 @@ pub async fn load<P: PoolDialect>(
             Loaded::Found(stored) => return Ok(Some(stored)),
             Loaded::Missing if !create => return Ok(None),
             Loaded::Missing => {
-                let lost = ever_reserved(pool, ctx)
-                    .await?
-                    .then(|| format!("{} was missing", ledger_ref.describe()));
+                let reserved = ever_reserved(pool, ctx).await?;
+                // A pool is marked only after its first ledger was created: one found now was
+                // created by a process racing this one since the read above, not lost.
+                if reserved && !matches!(ledger_ref.load().await?, Loaded::Missing) {
+                    continue;
+                }
+                let lost = reserved.then(|| format!("{} was missing", ledger_ref.describe()));
                 let ledger = rebuild(pool, ctx, lost).await?;
                 match ledger_ref.create(&ledger).await {
                     Err(Error::LedgerNamespaceMissing(ns)) => {
