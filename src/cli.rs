@@ -910,7 +910,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let capi_crds = names(capi);
-        assert_eq!(capi_crds.len(), 4, "{capi_crds:?}");
+        assert_eq!(capi_crds.len(), 6, "{capi_crds:?}");
         assert!(
             capi_crds
                 .iter()
@@ -918,11 +918,11 @@ mod tests {
         );
         let bundle = groups(&run_args(&["--controllers", "capi-ipam,metal3-ipam"]).controllers);
         let bundle_crds = names(bundle);
-        assert_eq!(bundle_crds.len(), 7, "{bundle_crds:?}");
-        assert_eq!(names(controllers::Groups::ALL).len(), 10);
+        assert_eq!(bundle_crds.len(), 9, "{bundle_crds:?}");
+        assert_eq!(names(controllers::Groups::ALL).len(), 12);
         let proxy = groups(&run_args(&["--controllers=migration-proxy"]).controllers);
         assert_eq!(proxy.names(), ["migration-proxy"]);
-        assert_eq!(names(proxy).len(), 7, "the CAPI kinds and Metal3 IPAM's");
+        assert_eq!(names(proxy).len(), 9, "the CAPI kinds and Metal3 IPAM's");
         let refused = Cli::try_parse_from(["bitpool", "run", "--controllers=capm3"])
             .err()
             .map(|e| e.to_string())

@@ -177,6 +177,8 @@ pub fn served() -> Vec<CustomResourceDefinition> {
             capi_pools::GlobalInClusterIPPool::crd(),
             capi_pools::v1alpha1::GlobalInClusterIPPool::crd(),
         ),
+        capi_pools::InClusterPrefixPool::crd(),
+        capi_pools::GlobalInClusterPrefixPool::crd(),
         metal3_ipam::IPPool::crd(),
         metal3_ipam::IPClaim::crd(),
         metal3_ipam::Metal3IPAddress::crd(),

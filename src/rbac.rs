@@ -54,7 +54,12 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
         // Pools are read by every group (Metal3Data and the admission webhooks name them).
         rule(
             CAPI_IPAM,
-            &["inclusterippools", "globalinclusterippools"],
+            &[
+                "inclusterippools",
+                "globalinclusterippools",
+                "inclusterprefixpools",
+                "globalinclusterprefixpools",
+            ],
             WATCH,
         ),
         // A paused Cluster pauses its claims; the Cluster API version is found from the CRDs.
@@ -76,11 +81,21 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
         ),
     ];
     if groups.capi_ipam {
-        let pools = &["inclusterippools", "globalinclusterippools"];
+        let pools = &[
+            "inclusterippools",
+            "globalinclusterippools",
+            "inclusterprefixpools",
+            "globalinclusterprefixpools",
+        ];
         rules.push(rule(CAPI_IPAM, pools, &["patch"]));
         rules.push(rule(
             CAPI_IPAM,
-            &["inclusterippools/status", "globalinclusterippools/status"],
+            &[
+                "inclusterippools/status",
+                "globalinclusterippools/status",
+                "inclusterprefixpools/status",
+                "globalinclusterprefixpools/status",
+            ],
             &["patch"],
         ));
         rules.push(rule(
@@ -88,6 +103,8 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
             &[
                 "inclusterippools/finalizers",
                 "globalinclusterippools/finalizers",
+                "inclusterprefixpools/finalizers",
+                "globalinclusterprefixpools/finalizers",
             ],
             &["update"],
         ));
@@ -261,6 +278,12 @@ mod tests {
             CAPI_IPAM,
             "inclusterippools/finalizers",
             "update"
+        ));
+        assert!(allows(
+            CAPI_ONLY,
+            CAPI_IPAM,
+            "globalinclusterprefixpools/status",
+            "patch"
         ));
         assert!(allows(CAPI_ONLY, CAPI_IPAM, "ipaddresses", "create"));
         assert!(!allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "create"));

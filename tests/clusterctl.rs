@@ -189,7 +189,9 @@ fn generated_components_are_what_each_role_owns(clusterctl: &Clusterctl) {
         crd_names(&capi),
         [
             "globalinclusterippools.ipam.cluster.x-k8s.io",
-            "inclusterippools.ipam.cluster.x-k8s.io"
+            "globalinclusterprefixpools.ipam.cluster.x-k8s.io",
+            "inclusterippools.ipam.cluster.x-k8s.io",
+            "inclusterprefixpools.ipam.cluster.x-k8s.io"
         ]
     );
     for object in &capi {
@@ -219,7 +221,7 @@ fn generated_components_are_what_each_role_owns(clusterctl: &Clusterctl) {
     let bundle =
         documents(&clusterctl.run(&["generate", "provider", "--ipam", "bitpool-baremetal"]));
     let names = crd_names(&bundle);
-    assert_eq!(names.len(), 5, "{names:?}");
+    assert_eq!(names.len(), 7, "{names:?}");
     assert!(
         names
             .iter()
@@ -325,7 +327,12 @@ async fn clusterctl_installs_upgrades_and_deletes_bitpool_beside_capm3() {
         .init(&client, &["--ipam", "bitpool:v0.2.0"])
         .await;
     let installed = crds(&client).await;
-    for pool in ["inclusterippools", "globalinclusterippools"] {
+    for pool in [
+        "inclusterippools",
+        "globalinclusterippools",
+        "inclusterprefixpools",
+        "globalinclusterprefixpools",
+    ] {
         let name = format!("{pool}.ipam.cluster.x-k8s.io");
         assert_eq!(
             installed.get(&name).map(|(_, p)| p.as_str()),
@@ -367,8 +374,14 @@ async fn clusterctl_installs_upgrades_and_deletes_bitpool_beside_capm3() {
         .await
         .expect("delete the pool");
     clusterctl.run(&["delete", "--ipam", "bitpool", "--include-crd"]);
-    crd_gone(&client, "inclusterippools.ipam.cluster.x-k8s.io").await;
-    crd_gone(&client, "globalinclusterippools.ipam.cluster.x-k8s.io").await;
+    for pool in [
+        "inclusterippools",
+        "globalinclusterippools",
+        "inclusterprefixpools",
+        "globalinclusterprefixpools",
+    ] {
+        crd_gone(&client, &format!("{pool}.ipam.cluster.x-k8s.io")).await;
+    }
     assert_untouched(&before, &others(&client).await, "delete --ipam bitpool");
 
     // Switching from Metal3 IPAM: its provider goes (its CRDs and objects stay), the bundle

@@ -20,6 +20,14 @@ const UPSTREAM_FILES: &[(&str, &str)] = &[
         "GlobalInClusterIPPool",
         "in-cluster/ipam.cluster.x-k8s.io_globalinclusterippools.yaml",
     ),
+    (
+        "InClusterPrefixPool",
+        "in-cluster/ipam.cluster.x-k8s.io_inclusterprefixpools.yaml",
+    ),
+    (
+        "GlobalInClusterPrefixPool",
+        "in-cluster/ipam.cluster.x-k8s.io_globalinclusterprefixpools.yaml",
+    ),
     ("IPPool", "ip-address-manager/ipam.metal3.io_ippools.yaml"),
     ("IPClaim", "ip-address-manager/ipam.metal3.io_ipclaims.yaml"),
     (

@@ -200,3 +200,73 @@ pub mod v1alpha1 {
         pub pool: InClusterIPPoolSpec,
     }
 }
+
+/// Upstream's allocation length when a prefix pool's spec leaves it out.
+fn default_allocation_prefix_length() -> i32 {
+    64
+}
+
+/// The spec both CAPI prefix pool kinds share (the in-cluster provider's v1.1 API), plus the
+/// same optional extensions as the address pools (`preAllocations`, `allocationStrategy`).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam.cluster.x-k8s.io",
+    version = "v1alpha2",
+    kind = "InClusterPrefixPool",
+    doc = "InClusterPrefixPool is a namespaced pool of prefixes handing out sub-prefixes to IPAddressClaims of its namespace.",
+    namespaced,
+    status = "InClusterIPPoolStatus",
+    category = "cluster-api",
+    printcolumn = r#"{"name":"Prefixes","type":"string","jsonPath":".spec.prefixes","description":"List of prefixes to allocate sub-prefixes from"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of allocatable sub-prefixes in the pool"}"#,
+    printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated sub-prefixes in the pool"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated sub-prefixes in the pool"}"#,
+    printcolumn = r#"{"name":"Out Of Range","type":"integer","jsonPath":".status.ipAddresses.outOfRange","description":"Count of allocated sub-prefixes the pool no longer allocates"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InClusterPrefixPoolSpec {
+    /// Network-aligned CIDRs (IPv6, or with bitpool IPv4 too) that sub-prefixes are cut from.
+    pub prefixes: Vec<String>,
+    /// The length of every sub-prefix handed out; at least each prefix's own length.
+    #[serde(default = "default_allocation_prefix_length")]
+    #[schemars(range(min = 1, max = 128))]
+    pub allocation_prefix_length: i32,
+    /// IPs, ranges `a-b` or CIDRs: a sub-prefix overlapping any of them is never handed out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excluded_prefixes: Vec<String>,
+    /// Carried unchanged to every IPAddress; it keeps no sub-prefix from being handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// bitpool extension: claim name → the sub-prefix (`network/length` or its network address)
+    /// that claim always gets. Reserved up front.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pre_allocations: BTreeMap<String, String>,
+    /// bitpool extension: `sequential` (default, the lowest free sub-prefix) or `random`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "super::schema::optional_enum::<AllocationStrategy>")]
+    pub allocation_strategy: Option<AllocationStrategy>,
+}
+
+/// GlobalInClusterPrefixPool: the same pool, cluster-scoped, serving claims of every namespace.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "ipam.cluster.x-k8s.io",
+    version = "v1alpha2",
+    kind = "GlobalInClusterPrefixPool",
+    doc = "GlobalInClusterPrefixPool is a cluster-scoped pool of prefixes handing out sub-prefixes to IPAddressClaims of every namespace.",
+    status = "InClusterIPPoolStatus",
+    category = "cluster-api",
+    printcolumn = r#"{"name":"Prefixes","type":"string","jsonPath":".spec.prefixes","description":"List of prefixes to allocate sub-prefixes from"}"#,
+    printcolumn = r#"{"name":"Total","type":"integer","jsonPath":".status.ipAddresses.total","description":"Count of allocatable sub-prefixes in the pool"}"#,
+    printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated sub-prefixes in the pool"}"#,
+    printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated sub-prefixes in the pool"}"#,
+    printcolumn = r#"{"name":"Out Of Range","type":"integer","jsonPath":".status.ipAddresses.outOfRange","description":"Count of allocated sub-prefixes the pool no longer allocates"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
+)]
+pub struct GlobalInClusterPrefixPoolSpec {
+    #[serde(flatten)]
+    pub pool: InClusterPrefixPoolSpec,
+}
