@@ -275,6 +275,7 @@ fn error_kind(e: &AllocError) -> &'static str {
         AllocError::ConflictsWithPreAllocation { .. } => "conflict",
         AllocError::PreAllocatedInUse { .. } => "pre-in-use",
         AllocError::RequestedUnparseable { .. } => "unparseable",
+        AllocError::RequestedNotASubPrefix { .. } => "not-a-sub-prefix",
         AllocError::PreAllocationOutOfBounds { .. } => "pre-outside",
     }
 }

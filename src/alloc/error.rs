@@ -78,6 +78,10 @@ pub enum AllocError {
     Exhausted,
     #[error("requested address {value:?} is not a valid IP address")]
     RequestedUnparseable { value: String },
+    #[error(
+        "requested prefix {value:?} is not a /{length} sub-prefix (its network address, with or without the length)"
+    )]
+    RequestedNotASubPrefix { value: String, length: u8 },
     #[error("requested address {address} is not in the pool")]
     RequestedOutsidePool { address: IpAddr },
     #[error("requested address {address} is already in use")]

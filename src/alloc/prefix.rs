@@ -61,6 +61,13 @@ impl Numbering {
             .then(|| self.family.address(shift_down(value, host)))
     }
 
+    /// The number of the sub-prefix that contains `address` (of the numbering's family): how
+    /// an IPAddress of another length, or with host bits set, is held.
+    pub fn containing(self, address: IpAddr) -> IpAddr {
+        let value = family::to_value(address);
+        self.family.address(shift_down(value, self.host_bits()))
+    }
+
     /// The network address of sub-prefix `number`.
     pub fn network(self, number: IpAddr) -> IpAddr {
         let value = family::to_value(number);
@@ -281,6 +288,19 @@ mod tests {
                 format!("{}/{}", numbering.network(lease.address), lease.prefix)
             })
             .collect()
+    }
+
+    #[test]
+    fn an_address_is_held_as_the_sub_prefix_that_contains_it() {
+        let numbering = Numbering {
+            family: Family::V6,
+            length: 64,
+        };
+        let fifth = numbering.parse("fd00:0:0:5::/64").expect("sub-prefix");
+        assert_eq!(numbering.containing(ip("fd00:0:0:5::")), fifth);
+        assert_eq!(numbering.containing(ip("fd00:0:0:5:1::9")), fifth);
+        assert_ne!(numbering.containing(ip("fd00:0:0:6::")), fifth);
+        assert_eq!(numbering.network(fifth), ip("fd00:0:0:5::"));
     }
 
     #[test]

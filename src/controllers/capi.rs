@@ -2,6 +2,7 @@
 //! IPAddressClaims with IPAddresses named after the claims, as the in-cluster provider does.
 
 use std::collections::{BTreeMap, HashSet};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use kube::api::{Api, ObjectMeta};
@@ -15,8 +16,8 @@ use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::{IPAddress, IPAddressSpec, LocalObjectName};
 use crate::api::capi_pools::{
-    ADDRESS_FINALIZER, CLAIM_FINALIZER, GlobalInClusterIPPool, IPAddressCounts, InClusterIPPool,
-    InClusterIPPoolSpec, InClusterIPPoolStatus, POOL_FINALIZER,
+    ADDRESS_FINALIZER, GlobalInClusterIPPool, IPAddressCounts, InClusterIPPool,
+    InClusterIPPoolSpec, InClusterIPPoolStatus,
 };
 use crate::api::{AllocationStrategy, labels};
 
@@ -61,7 +62,7 @@ impl CapiPool for GlobalInClusterIPPool {
     }
 }
 
-fn claims_of(key: &PoolKey, ctx: &Context) -> Vec<AnyClaim> {
+pub(super) fn claims_of(key: &PoolKey, ctx: &Context) -> Vec<AnyClaim> {
     ctx.claims
         .state()
         .into_iter()
@@ -70,7 +71,11 @@ fn claims_of(key: &PoolKey, ctx: &Context) -> Vec<AnyClaim> {
         .collect()
 }
 
-fn addresses_of(key: &PoolKey, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
+pub(super) fn addresses_of(
+    key: &PoolKey,
+    ctx: &Context,
+    fresh: Option<&FreshAddresses>,
+) -> Vec<AnyAddress> {
     let all = match fresh {
         Some(fresh) => fresh.capi.clone(),
         None => ctx.addresses.state(),
@@ -124,10 +129,13 @@ fn saturate(value: u128) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-fn status_patch(
+/// The status of a CAPI pool of either shape: counts, and a Ready condition saying what keeps
+/// the pool from serving; `show` writes a held address as people read it.
+pub(super) fn status_patch(
     status: Option<&InClusterIPPoolStatus>,
     generation: Option<i64>,
     report: &Report,
+    show: impl Fn(IpAddr) -> String,
 ) -> Option<serde_json::Value> {
     let current = status.cloned().unwrap_or_default();
     let mut next = current.clone();
@@ -141,7 +149,7 @@ fn status_patch(
                 out_of_range: saturate(counts.out_of_range),
             });
             if counts.out_of_range > 0 {
-                let outside: Vec<String> = usage.outside.iter().map(ToString::to_string).collect();
+                let outside: Vec<String> = usage.outside.iter().map(|a| show(*a)).collect();
                 let message = format!(
                     "{} allocated address(es) are outside the pool's addresses and stay allocated until released: {}",
                     counts.out_of_range,
@@ -182,10 +190,35 @@ fn status_patch(
     )
 }
 
-/// The parts of [`PoolDialect`] both CAPI pool kinds share.
+/// The parts of [`PoolDialect`] every pool kind of the CAPI contract shares (address and prefix
+/// pools): its finalizers, and claims and IPAddresses naming the pool in `poolRef`.
+macro_rules! capi_contract {
+    () => {
+        const FINALIZER: &'static str = $crate::api::capi_pools::POOL_FINALIZER;
+
+        fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
+            $crate::controllers::capi::claims_of(&self.key(), ctx)
+        }
+
+        fn claim_finalizer(_: ClaimKind) -> &'static str {
+            $crate::api::capi_pools::CLAIM_FINALIZER
+        }
+
+        fn address_finalizer(_: ClaimKind) -> &'static str {
+            $crate::api::capi_pools::ADDRESS_FINALIZER
+        }
+
+        fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
+            $crate::controllers::capi::addresses_of(&self.key(), ctx, fresh)
+        }
+    };
+}
+pub(super) use capi_contract;
+
+/// The parts of [`PoolDialect`] both CAPI address pool kinds share.
 macro_rules! capi_dialect {
     () => {
-        const FINALIZER: &'static str = POOL_FINALIZER;
+        capi_contract!();
 
         fn space(&self) -> Result<AddressSpace, String> {
             AddressSpace::capi(&to_alloc(self.pool_spec())).map_err(|e| e.to_string())
@@ -198,29 +231,15 @@ macro_rules! capi_dialect {
                 .map(|s| Duration::from_secs(s.unsigned_abs().into()))
         }
 
-        fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
-            claims_of(&self.key(), ctx)
-        }
-
-        fn claim_finalizer(_: ClaimKind) -> &'static str {
-            CLAIM_FINALIZER
-        }
-
-        fn address_finalizer(_: ClaimKind) -> &'static str {
-            ADDRESS_FINALIZER
-        }
-
-        fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
-            addresses_of(&self.key(), ctx, fresh)
-        }
-
         fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String> {
             capi_address(self, claim, lease, claim.name(), ADDRESS_FINALIZER)
                 .ok_or_else(|| format!("{} has no UID yet", claim.describe()))
         }
 
         fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
-            status_patch(self.pool_status(), self.meta().generation, report)
+            status_patch(self.pool_status(), self.meta().generation, report, |a| {
+                a.to_string()
+            })
         }
     };
 }
@@ -248,7 +267,7 @@ impl PoolDialect for GlobalInClusterIPPool {
     }
 }
 
-fn global_preallocation_key(
+pub(super) fn global_preallocation_key(
     pre_allocations: &BTreeMap<String, String>,
     claim: &AnyClaim,
     shared_names: &HashSet<String>,

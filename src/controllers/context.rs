@@ -12,7 +12,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::error::{self, Error};
 use super::pool::PoolKey;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
-use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use crate::api::capi_pools::{
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
+};
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
 
@@ -20,7 +22,8 @@ use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
 /// IPAM beside it, the migration proxy, and the Metal3Data reconciler.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Groups {
-    /// InClusterIPPool and GlobalInClusterIPPool, and claims naming a missing pool of theirs.
+    /// InClusterIPPool, GlobalInClusterIPPool and the two prefix pools, and claims naming a
+    /// missing pool of theirs.
     pub capi_ipam: bool,
     /// Metal3 IPPools serving IPClaims and IPAddressClaims from their own ranges.
     pub metal3_ipam: bool,
@@ -94,6 +97,8 @@ pub struct Context {
     pub clusters: Option<Store<Cluster>>,
     pub pools: Store<InClusterIPPool>,
     pub global_pools: Store<GlobalInClusterIPPool>,
+    pub prefix_pools: Store<InClusterPrefixPool>,
+    pub global_prefix_pools: Store<GlobalInClusterPrefixPool>,
     pub ippools: Store<IPPool>,
     pub ipclaims: Store<IPClaim>,
     pub metal3_addresses: Store<Metal3IPAddress>,
@@ -154,6 +159,8 @@ impl Context {
         match key.kind.as_str() {
             "InClusterIPPool" => cached(&self.pools, key),
             "GlobalInClusterIPPool" => cached(&self.global_pools, key),
+            "InClusterPrefixPool" => cached(&self.prefix_pools, key),
+            "GlobalInClusterPrefixPool" => cached(&self.global_prefix_pools, key),
             metal3_ipam::POOL_KIND if self.settings.groups.metal3_kinds() => {
                 cached(&self.ippools, key)
             }
@@ -187,6 +194,8 @@ impl Context {
         ready(&self.addresses).await;
         ready(&self.pools).await;
         ready(&self.global_pools).await;
+        ready(&self.prefix_pools).await;
+        ready(&self.global_prefix_pools).await;
         let groups = self.settings.groups;
         if groups.metal3_kinds() {
             ready(&self.ippools).await;

@@ -36,7 +36,8 @@ pub enum AnyClaim {
 pub enum Outcome {
     Allocated {
         address_name: String,
-        address: IpAddr,
+        /// As people read it (a prefix pool's sub-prefix with its length).
+        address: String,
     },
     Refused {
         refusal: Refusal,
@@ -327,6 +328,9 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             AllocError::RequestedUnparseable { value } => {
                 format!("Invalid ipAddress annotation {value:?}: not a valid IP address")
             }
+            AllocError::RequestedNotASubPrefix { value, length } => {
+                format!("Invalid ipAddress annotation {value:?}: not a /{length} sub-prefix")
+            }
             AllocError::ConflictsWithPreAllocation { .. } => {
                 "PreAllocation and requested ip address are conflicting".into()
             }
@@ -499,8 +503,8 @@ pub enum NewAddress {
 pub enum Created {
     /// It exists with the leased address, for this claim.
     Confirmed,
-    /// The claim's own object already exists, with this other address.
-    Own(IpAddr),
+    /// The claim's own object already exists, with another address.
+    Own(AnyAddress),
     /// An object of that name already holds something else; the message says what.
     Conflict(String),
 }
@@ -534,7 +538,9 @@ impl NewAddress {
                         _ if existing.spec.address == object.spec.address => {
                             Some(Created::Confirmed)
                         }
-                        Ok(other) if owned_by_claim(existing.meta()) => Some(Created::Own(other)),
+                        Ok::<IpAddr, _>(_) if owned_by_claim(existing.meta()) => {
+                            Some(Created::Own(AnyAddress::Capi(Arc::new(existing.clone()))))
+                        }
                         _ => None,
                     }
                 })

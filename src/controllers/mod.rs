@@ -3,6 +3,7 @@
 //!
 //! - [`pool`]: the pool engine, one batch per pool, whatever its dialect;
 //! - [`capi`]: its InClusterIPPool / GlobalInClusterIPPool dialect;
+//! - [`prefix`]: its InClusterPrefixPool / GlobalInClusterPrefixPool dialect (sub-prefixes);
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
 //! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
 //! - [`claims`]: claims whose pool does not exist;
@@ -23,6 +24,7 @@ pub mod ledger;
 pub mod metal3;
 pub mod objects;
 pub mod pool;
+pub mod prefix;
 pub mod proxy;
 pub mod transaction;
 pub mod trigger;
@@ -46,7 +48,9 @@ pub use context::{CachedSpace, Context, Groups, Settings};
 pub use error::Error;
 
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
-use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use crate::api::capi_pools::{
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
+};
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 use crate::metal3data;
@@ -248,6 +252,8 @@ pub async fn run(
     }
     let mut pools = Shared::<InClusterIPPool>::new();
     let mut global_pools = Shared::<GlobalInClusterIPPool>::new();
+    let mut prefix_pools = Shared::<InClusterPrefixPool>::new();
+    let mut global_prefix_pools = Shared::<GlobalInClusterPrefixPool>::new();
     let mut ippools = Shared::<IPPool>::new();
     let mut data_templates = Shared::<Metal3DataTemplate>::new();
     let mut datas = Shared::<Metal3Data>::new();
@@ -261,6 +267,8 @@ pub async fn run(
         clusters: caches.clusters.as_ref().map(|c| c.store.clone()),
         pools: pools.store.clone(),
         global_pools: global_pools.store.clone(),
+        prefix_pools: prefix_pools.store.clone(),
+        global_prefix_pools: global_prefix_pools.store.clone(),
         ippools: ippools.store.clone(),
         ipclaims: caches.ipclaims.store.clone(),
         metal3_addresses: caches.metal3_addresses.store.clone(),
@@ -286,6 +294,12 @@ pub async fn run(
         .filter(|_| groups.capi_ipam)
         .map(|c| configure(c, &config, &stopped, &ctx));
     let global = pool_controller(&global_pools, &caches, &ctx)
+        .filter(|_| groups.capi_ipam)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let prefix = pool_controller(&prefix_pools, &caches, &ctx)
+        .filter(|_| groups.capi_ipam)
+        .map(|c| configure(c, &config, &stopped, &ctx));
+    let global_prefix = pool_controller(&global_prefix_pools, &caches, &ctx)
         .filter(|_| groups.capi_ipam)
         .map(|c| configure(c, &config, &stopped, &ctx));
     let metal3 = pool_controller(&ippools, &caches, &ctx)
@@ -322,6 +336,8 @@ pub async fn run(
     }
     pools.start(api(&client, ns), watch_config(&settings, true));
     global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
+    prefix_pools.start(api(&client, ns), watch_config(&settings, true));
+    global_prefix_pools.start(Api::all(client.clone()), watch_config(&settings, true));
     // Kinds of a group that is off may have no CRD: their caches stay empty and unwatched.
     if groups.metal3_kinds() {
         caches
@@ -352,6 +368,26 @@ pub async fn run(
         if let Some(c) = global {
             drive(c.run(
                 |o, c| guarded(o, c, pool::reconcile::<GlobalInClusterIPPool>),
+                error_policy,
+                ctx.clone(),
+            ))
+            .await;
+        }
+    };
+    let prefix = async {
+        if let Some(c) = prefix {
+            drive(c.run(
+                |o, c| guarded(o, c, pool::reconcile::<InClusterPrefixPool>),
+                error_policy,
+                ctx.clone(),
+            ))
+            .await;
+        }
+    };
+    let global_prefix = async {
+        if let Some(c) = global_prefix {
+            drive(c.run(
+                |o, c| guarded(o, c, pool::reconcile::<GlobalInClusterPrefixPool>),
                 error_policy,
                 ctx.clone(),
             ))
@@ -419,7 +455,12 @@ pub async fn run(
     };
     tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, groups = ?groups, "controllers started");
     future::join(
-        future::join5(in_cluster, global, metal3, orphan_claims, metal3_data),
+        future::join4(
+            future::join3(in_cluster, global, prefix),
+            future::join(global_prefix, metal3),
+            orphan_claims,
+            metal3_data,
+        ),
         stop_on_shutdown,
     )
     .await;

@@ -67,10 +67,9 @@ impl PoolKey {
         namespace: Option<&'a str>,
     ) -> Option<Option<&'a str>> {
         match (pool_ref.api_group.as_str(), pool_ref.kind.as_str()) {
-            (capi::GROUP, "InClusterIPPool") | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => {
-                Some(namespace)
-            }
-            (capi::GROUP, "GlobalInClusterIPPool") => Some(None),
+            (capi::GROUP, "InClusterIPPool" | "InClusterPrefixPool")
+            | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => Some(namespace),
+            (capi::GROUP, "GlobalInClusterIPPool" | "GlobalInClusterPrefixPool") => Some(None),
             _ => None,
         }
     }
@@ -202,8 +201,31 @@ pub trait PoolDialect:
         self.namespace()
             .unwrap_or_else(|| ctx.settings.ledger_namespace.clone())
     }
+    /// What the pool's ledger is written for: the pool's UID, and for a pool whose space
+    /// numbers something other than addresses, what gives the numbers their meaning.
+    fn ledger_identity(&self) -> String {
+        self.uid().unwrap_or_default()
+    }
     /// The pool's address space, or why its spec is invalid.
     fn space(&self) -> Result<AddressSpace, String>;
+    /// What an address object holds, as the pool's space numbers it (the address itself,
+    /// except in prefix pools).
+    fn held(&self, address: &AnyAddress) -> Option<IpAddr> {
+        address.ip()
+    }
+    /// A held address as people read it, in messages and events.
+    fn show(&self, held: IpAddr) -> String {
+        held.to_string()
+    }
+    /// The address `claim` asks for (its `ipAddress` annotation) in the space's terms, or why it
+    /// names nothing the pool could hand out.
+    fn requested(&self, claim: &AnyClaim) -> Result<Option<String>, alloc::AllocError> {
+        Ok(claim.requested())
+    }
+    /// A refusal as people read it (addresses in the pool's own terms).
+    fn explain(&self, refusal: Refusal) -> Refusal {
+        refusal
+    }
     /// How long a released address stays reserved.
     fn reuse_grace(&self) -> Option<Duration> {
         None
@@ -676,7 +698,7 @@ async fn plan<P: PoolDialect>(
     let mut batch = Batch {
         holders: addresses
             .iter()
-            .filter_map(|((kind, _, claim), a)| Some(((*kind, claim.clone()), a.ip()?)))
+            .filter_map(|((kind, _, claim), a)| Some(((*kind, claim.clone()), pool.held(a)?)))
             .collect(),
         ..Default::default()
     };
@@ -687,7 +709,7 @@ async fn plan<P: PoolDialect>(
         let Some(id) = claim.id() else { continue };
         match addresses
             .get(&claim_key(claim))
-            .and_then(|a| Some((a.ip()?, a)))
+            .and_then(|a| Some((pool.held(a)?, a)))
         {
             Some((ip, object)) if object.meta().deletion_timestamp.is_some() => {
                 batch.first.bind.push((ip, id))
@@ -698,7 +720,7 @@ async fn plan<P: PoolDialect>(
                     claim.clone(),
                     Outcome::Allocated {
                         address_name: object.name(),
-                        address: ip,
+                        address: pool.show(ip),
                     },
                 ));
             }
@@ -715,11 +737,23 @@ async fn plan<P: PoolDialect>(
                     batch.again_within(Duration::ZERO);
                     continue;
                 }
+                let requested = match pool.requested(claim) {
+                    Ok(requested) => requested,
+                    Err(e) => {
+                        let refused = Outcome::Refused {
+                            refusal: Refusal::Alloc(e),
+                            pool: pool.key().describe(),
+                            spec_error: None,
+                        };
+                        batch.statuses.push((claim.clone(), refused));
+                        continue;
+                    }
+                };
                 batch.to_create.push(claim.clone());
                 batch.first.allocate.push(Request {
                     preallocation_key: pool.preallocation_key(claim, &claims.shared_names),
                     claim: id,
-                    requested: claim.requested(),
+                    requested,
                 });
             }
         }
@@ -740,7 +774,7 @@ async fn plan<P: PoolDialect>(
         let object = addresses
             .get(&claim_key(claim))
             .or_else(|| fresh.as_ref()?.get(&claim_key(claim)));
-        match object.and_then(|a| Some((a.ip()?, a))) {
+        match object.and_then(|a| Some((pool.held(a)?, a))) {
             Some((ip, a)) => {
                 batch.first.bind.push((ip, id));
                 batch.to_delete.push((claim.clone(), a.clone()));
@@ -810,7 +844,7 @@ async fn create_addresses<P: PoolDialect>(
             Err(refusal) => batch.statuses.push((
                 claim,
                 Outcome::Refused {
-                    refusal: refusal.clone(),
+                    refusal: pool.explain(refusal.clone()),
                     pool: key.describe(),
                     spec_error: spec_error.clone(),
                 },
@@ -830,16 +864,16 @@ async fn create_addresses<P: PoolDialect>(
     })
     .await;
     for (claim, lease, object_name, result) in created {
-        batch.record_creation(&key, claim, &lease, object_name, result);
+        batch.record_creation(pool, claim, &lease, object_name, result);
     }
 }
 
 impl Batch {
     /// What creating `claim`'s address object for `lease` means for transaction 2 and the
     /// claim's status; `None` when it was not attempted (left for the next reconcile).
-    fn record_creation(
+    fn record_creation<P: PoolDialect>(
         &mut self,
-        key: &PoolKey,
+        pool: &P,
         claim: AnyClaim,
         lease: &Lease,
         object_name: Option<String>,
@@ -851,10 +885,14 @@ impl Batch {
         let address = match result {
             None => return self.again_within(Duration::ZERO),
             Some(Ok(Created::Confirmed)) => lease.address,
-            Some(Ok(Created::Own(address))) => {
+            Some(Ok(Created::Own(existing))) => {
                 // The claim's object existed with another address (a cache that had not seen
                 // it): that one is the claim's, the new reservation is not needed.
                 self.second.release.push((lease.address, uid.clone()));
+                let Some(address) = pool.held(&existing) else {
+                    let message = format!("{} holds no address", existing.describe());
+                    return self.statuses.push((claim, Outcome::Failed(message)));
+                };
                 address
             }
             Some(Ok(Created::Conflict(message))) => {
@@ -864,7 +902,7 @@ impl Batch {
             }
             Some(Err(e)) => {
                 tracing::warn!(
-                    pool = %key.describe(),
+                    pool = %pool.key().describe(),
                     claim = %claim.describe(),
                     error = %e,
                     "creating the address object failed; retrying"
@@ -880,7 +918,7 @@ impl Batch {
             claim,
             Outcome::Allocated {
                 address_name: object_name.unwrap_or_default(),
-                address,
+                address: pool.show(address),
             },
         ));
     }
@@ -888,7 +926,7 @@ impl Batch {
 
 /// Deletes the address objects of released claims and of claims that are gone.
 async fn delete_addresses<P: PoolDialect>(
-    _pool: &P,
+    pool: &P,
     ctx: &Arc<Context>,
     batch: &mut Batch,
 ) -> Result<(), Error> {
@@ -923,7 +961,7 @@ async fn delete_addresses<P: PoolDialect>(
     })
     .await;
     for (address, gone) in orphans {
-        match (gone?, address.ip()) {
+        match (gone?, pool.held(&address)) {
             (true, Some(ip)) => {
                 ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
                 tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
@@ -1089,7 +1127,7 @@ async fn repair_record<P: PoolDialect>(
     let unlisted = addresses
         .values()
         .filter(|a| !ctx.recently_deleted_address(a.meta().uid.as_deref().unwrap_or_default()))
-        .filter_map(AnyAddress::ip)
+        .filter_map(|a| pool.held(a))
         .any(|ip| !ledger.contains(ip));
     if !fence_over && !unlisted {
         return Ok(Some(stored));
@@ -1097,7 +1135,7 @@ async fn repair_record<P: PoolDialect>(
     let fresh = fresh_pool_addresses(pool, ctx).await?;
     intent.adopt = fresh
         .iter()
-        .filter_map(AnyAddress::ip)
+        .filter_map(|a| pool.held(a))
         .filter(|ip| !ledger.contains(*ip))
         .collect();
     if let (false, Some(first)) = (fence_over, intent.adopt.first()) {
@@ -1199,7 +1237,7 @@ async fn unexplained<P: PoolDialect>(
     addresses: &AddressIndex,
 ) -> Result<Vec<IpAddr>, Error> {
     let key = pool.key();
-    let held: HashSet<IpAddr> = addresses.values().filter_map(AnyAddress::ip).collect();
+    let held: HashSet<IpAddr> = addresses.values().filter_map(|a| pool.held(a)).collect();
     let unexplained = |ip: &IpAddr, held: &HashSet<IpAddr>| {
         !held.contains(ip) && !ledger.pending.contains_key(&ip.to_string())
     };
@@ -1213,7 +1251,7 @@ async fn unexplained<P: PoolDialect>(
     let fresh: HashSet<IpAddr> = fresh_pool_addresses(pool, ctx)
         .await?
         .iter()
-        .filter_map(AnyAddress::ip)
+        .filter_map(|a| pool.held(a))
         .collect();
     let leaked: Vec<IpAddr> = ledger
         .addresses()
@@ -1276,6 +1314,8 @@ mod tests {
         let kinds = [
             (capi::GROUP, "InClusterIPPool"),
             (capi::GROUP, "GlobalInClusterIPPool"),
+            (capi::GROUP, "InClusterPrefixPool"),
+            (capi::GROUP, "GlobalInClusterPrefixPool"),
             (metal3_ipam::GROUP, metal3_ipam::POOL_KIND),
             ("other.example", "InClusterIPPool"),
         ];

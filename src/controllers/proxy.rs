@@ -214,7 +214,7 @@ async fn reconcile_proxy(
             Proxied::Allocated(address) => {
                 let (Some(object), Ok(ip)) = (
                     mirror(&pool, &ipclaim, &address),
-                    address.spec.address.parse(),
+                    address.spec.address.parse::<std::net::IpAddr>(),
                 ) else {
                     continue;
                 };
@@ -223,7 +223,7 @@ async fn reconcile_proxy(
                         indexes.insert(name.clone(), address.spec.address.clone());
                         Outcome::Allocated {
                             address_name: object.name(),
-                            address: ip,
+                            address: ip.to_string(),
                         }
                     }
                     super::kinds::Created::Conflict(message) => Outcome::Failed(message),

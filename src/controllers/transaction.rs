@@ -16,7 +16,6 @@ use rand::rngs::StdRng;
 use super::Context;
 use super::error::Error;
 use super::intent::{self, Intent};
-use super::kinds::AnyAddress;
 use super::ledger::{Ledger, LedgerRef, Loaded, Stored};
 use super::objects;
 use super::pool::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
@@ -42,7 +41,7 @@ pub fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> LedgerRef {
         &kind,
         pool.namespace().as_deref(),
         &pool.name_any(),
-        pool.uid().unwrap_or_default(),
+        pool.ledger_identity(),
         owner,
     )
 }
@@ -120,7 +119,7 @@ async fn rebuild<P: PoolDialect>(
         None if !beyond_cache => pool.addresses(ctx, None),
         _ => fresh_pool_addresses(pool, ctx).await?,
     };
-    let mut ledger = Ledger::from_addresses(existing.iter().filter_map(AnyAddress::ip));
+    let mut ledger = Ledger::from_addresses(existing.iter().filter_map(|a| pool.held(a)));
     if let Some(because) = lost {
         tracing::warn!(
             pool = %pool.key().describe(),

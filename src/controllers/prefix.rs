@@ -1,0 +1,288 @@
+//! The prefix pools' dialect: InClusterPrefixPool and GlobalInClusterPrefixPool hand each
+//! IPAddressClaim a whole sub-prefix, written as an IPAddress whose `address` is the sub-prefix's
+//! network address and `prefix` its length, as the in-cluster provider does.
+//!
+//! The pool's space numbers sub-prefixes ([`alloc::Numbering`]); this dialect converts at the
+//! edge: an IPAddress is held as the number of the sub-prefix containing its address, a lease
+//! becomes the sub-prefix's network address, and messages name sub-prefixes.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use kube::api::Api;
+use kube::{Client, Resource, ResourceExt};
+
+use super::Context;
+use super::capi::{capi_address, capi_contract, global_preallocation_key, status_patch};
+use super::intent::Refusal;
+use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::pool::{FreshAddresses, PoolDialect, Report};
+use crate::alloc::{self, AddressSpace, AllocError, Family, Lease, Numbering};
+use crate::api::AllocationStrategy;
+use crate::api::capi_pools::{
+    ADDRESS_FINALIZER, GlobalInClusterPrefixPool, InClusterIPPoolStatus, InClusterPrefixPool,
+    InClusterPrefixPoolSpec,
+};
+
+/// The allocation core's view of a prefix pool spec.
+pub fn to_alloc(spec: &InClusterPrefixPoolSpec) -> alloc::PrefixPool {
+    alloc::PrefixPool {
+        prefixes: spec.prefixes.clone(),
+        allocation_prefix_length: i64::from(spec.allocation_prefix_length),
+        excluded_prefixes: spec.excluded_prefixes.clone(),
+        gateway: spec.gateway.clone(),
+        pre_allocations: spec.pre_allocations.clone(),
+        strategy: match spec.allocation_strategy {
+            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
+            _ => alloc::Strategy::Sequential,
+        },
+    }
+}
+
+/// The numbering of `family`'s sub-prefixes at the spec's allocation length. It is known even
+/// for an invalid spec (the length clamped to the family), so that the sub-prefixes held by
+/// address objects are never lost from sight while the spec is being fixed.
+fn numbering(spec: &InClusterPrefixPoolSpec, family: Family) -> Numbering {
+    let length = to_alloc(spec)
+        .effective_length()
+        .clamp(1, i64::from(family.bits()));
+    Numbering {
+        family,
+        length: u8::try_from(length).unwrap_or(family.bits()),
+    }
+}
+
+/// `network/length` of sub-prefix `number`.
+fn show(spec: &InClusterPrefixPoolSpec, number: IpAddr) -> String {
+    let numbering = numbering(spec, Family::of(number));
+    format!("{}/{}", numbering.network(number), numbering.length)
+}
+
+/// A claim's `ipAddress` annotation as a sub-prefix number: `network/length` or the bare
+/// network address, of the pool's allocation length.
+fn requested(spec: &InClusterPrefixPoolSpec, text: &str) -> Result<String, AllocError> {
+    let address = text.split_once('/').map_or(text, |(address, _)| address);
+    let family = alloc::parse_address(address).map(Family::of);
+    let numbering = numbering(spec, family.unwrap_or(Family::V6));
+    family
+        .and_then(|_| numbering.parse(text))
+        .map(|number| number.to_string())
+        .ok_or_else(|| AllocError::RequestedNotASubPrefix {
+            value: text.to_string(),
+            length: numbering.length,
+        })
+}
+
+/// A refusal naming sub-prefixes by their network addresses instead of their numbers.
+fn explain(spec: &InClusterPrefixPoolSpec, refusal: Refusal) -> Refusal {
+    let network = |number: IpAddr| numbering(spec, Family::of(number)).network(number);
+    let Refusal::Alloc(error) = refusal else {
+        return refusal;
+    };
+    Refusal::Alloc(match error {
+        AllocError::RequestedOutsidePool { address } => AllocError::RequestedOutsidePool {
+            address: network(address),
+        },
+        AllocError::RequestedInUse { address } => AllocError::RequestedInUse {
+            address: network(address),
+        },
+        AllocError::RequestedPreallocated { address, holder } => {
+            AllocError::RequestedPreallocated {
+                address: network(address),
+                holder,
+            }
+        }
+        AllocError::ConflictsWithPreAllocation {
+            requested,
+            preallocated,
+        } => AllocError::ConflictsWithPreAllocation {
+            requested: network(requested),
+            preallocated: network(preallocated),
+        },
+        AllocError::PreAllocatedInUse { address } => AllocError::PreAllocatedInUse {
+            address: network(address),
+        },
+        AllocError::PreAllocationOutOfBounds { address } => AllocError::PreAllocationOutOfBounds {
+            address: network(address),
+        },
+        other => other,
+    })
+}
+
+/// The spec and status both prefix pool kinds share.
+trait PrefixPool: Resource<DynamicType = ()> {
+    fn pool_spec(&self) -> &InClusterPrefixPoolSpec;
+    fn pool_status(&self) -> Option<&InClusterIPPoolStatus>;
+}
+
+impl PrefixPool for InClusterPrefixPool {
+    fn pool_spec(&self) -> &InClusterPrefixPoolSpec {
+        &self.spec
+    }
+    fn pool_status(&self) -> Option<&InClusterIPPoolStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl PrefixPool for GlobalInClusterPrefixPool {
+    fn pool_spec(&self) -> &InClusterPrefixPoolSpec {
+        &self.spec.pool
+    }
+    fn pool_status(&self) -> Option<&InClusterIPPoolStatus> {
+        self.status.as_ref()
+    }
+}
+
+/// The parts of [`PoolDialect`] both prefix pool kinds share.
+macro_rules! prefix_dialect {
+    () => {
+        capi_contract!();
+
+        /// Sub-prefix numbers mean something only at one length: a ledger written at another
+        /// (the length changed without the webhook) is rebuilt from the address objects.
+        fn ledger_identity(&self) -> String {
+            format!(
+                "{}/{}",
+                self.uid().unwrap_or_default(),
+                to_alloc(self.pool_spec()).effective_length()
+            )
+        }
+
+        fn space(&self) -> Result<AddressSpace, String> {
+            to_alloc(self.pool_spec())
+                .space()
+                .map(|(space, _)| space)
+                .map_err(|e| e.to_string())
+        }
+
+        fn held(&self, address: &AnyAddress) -> Option<IpAddr> {
+            let ip = address.ip()?;
+            Some(numbering(self.pool_spec(), Family::of(ip)).containing(ip))
+        }
+
+        fn show(&self, held: IpAddr) -> String {
+            show(self.pool_spec(), held)
+        }
+
+        fn requested(&self, claim: &AnyClaim) -> Result<Option<String>, AllocError> {
+            claim
+                .requested()
+                .map(|text| requested(self.pool_spec(), &text))
+                .transpose()
+        }
+
+        fn explain(&self, refusal: Refusal) -> Refusal {
+            explain(self.pool_spec(), refusal)
+        }
+
+        /// The sub-prefix's network address and length, and the pool's gateway as written.
+        fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String> {
+            let numbering = numbering(self.pool_spec(), Family::of(lease.address));
+            let network = Lease {
+                address: numbering.network(lease.address),
+                ..lease.clone()
+            };
+            let mut object = capi_address(self, claim, &network, claim.name(), ADDRESS_FINALIZER)
+                .ok_or_else(|| format!("{} has no UID yet", claim.describe()))?;
+            if let NewAddress::Capi(address) = &mut object {
+                address.spec.gateway = self.pool_spec().gateway.clone().filter(|g| !g.is_empty());
+            }
+            Ok(object)
+        }
+
+        fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
+            let spec = self.pool_spec();
+            status_patch(self.pool_status(), self.meta().generation, report, |held| {
+                show(spec, held)
+            })
+        }
+    };
+}
+
+impl PoolDialect for InClusterPrefixPool {
+    prefix_dialect!();
+
+    fn api_for(&self, client: Client) -> Api<Self> {
+        Api::namespaced(client, &self.namespace().unwrap_or_default())
+    }
+}
+
+impl PoolDialect for GlobalInClusterPrefixPool {
+    prefix_dialect!();
+
+    fn api_for(&self, client: Client) -> Api<Self> {
+        Api::all(client)
+    }
+
+    /// As for GlobalInClusterIPPool: `<namespace>/<name>` or, when unambiguous, `<name>`.
+    fn preallocation_key(&self, claim: &AnyClaim, shared_names: &HashSet<String>) -> String {
+        global_preallocation_key(&self.spec.pool.pre_allocations, claim, shared_names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(length: i32) -> InClusterPrefixPoolSpec {
+        InClusterPrefixPoolSpec {
+            prefixes: vec!["fd00::/48".into()],
+            allocation_prefix_length: length,
+            ..Default::default()
+        }
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("an address")
+    }
+
+    #[test]
+    fn a_requested_prefix_is_read_with_or_without_its_length() {
+        let spec = spec(64);
+        let fifth = numbering(&spec, Family::V6)
+            .parse("fd00:0:0:5::/64")
+            .expect("sub-prefix")
+            .to_string();
+        assert_eq!(requested(&spec, "fd00:0:0:5::/64"), Ok(fifth.clone()));
+        assert_eq!(requested(&spec, "fd00:0:0:5::"), Ok(fifth));
+        for wrong in [
+            "fd00:0:0:5::/60",
+            "fd00:0:0:5::1",
+            "fd00:0:0:5::1/64",
+            "nonsense",
+            "",
+        ] {
+            assert_eq!(
+                requested(&spec, wrong),
+                Err(AllocError::RequestedNotASubPrefix {
+                    value: wrong.into(),
+                    length: 64
+                }),
+                "{wrong}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_name_sub_prefixes_not_numbers() {
+        let spec = spec(64);
+        let number = numbering(&spec, Family::V6)
+            .parse("fd00:0:0:5::/64")
+            .expect("sub-prefix");
+        assert_eq!(show(&spec, number), "fd00:0:0:5::/64");
+        let refusal = Refusal::Alloc(AllocError::RequestedInUse { address: number });
+        assert_eq!(
+            explain(&spec, refusal),
+            Refusal::Alloc(AllocError::RequestedInUse {
+                address: ip("fd00:0:0:5::")
+            })
+        );
+    }
+
+    #[test]
+    fn an_invalid_length_still_numbers_what_objects_hold() {
+        // 200 is refused by the schema and the webhook; the numbering stays usable.
+        assert_eq!(numbering(&spec(200), Family::V4).length, 32);
+        assert_eq!(numbering(&spec(0), Family::V6).length, 64);
+    }
+}
