@@ -10,11 +10,11 @@ use serde_json::Value;
 
 use super::rules::{self, Held, Reference};
 use super::{Phase, Webhooks, conversion};
-use crate::alloc::Layout;
+use crate::alloc::{Layout, Numbering};
 use crate::api::capi::{self, IPPoolReference};
 use crate::api::capi_pools::{
-    GlobalInClusterIPPool, InClusterIPPool, InClusterIPPoolSpec, SKIP_DELETE_CHECK_ANNOTATION,
-    v1alpha1,
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterIPPoolSpec,
+    InClusterPrefixPool, InClusterPrefixPoolSpec, SKIP_DELETE_CHECK_ANNOTATION, v1alpha1,
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
@@ -63,6 +63,9 @@ impl Webhooks {
         match (kind.group.as_str(), kind.kind.as_str()) {
             (capi::GROUP, "InClusterIPPool" | "GlobalInClusterIPPool") => {
                 self.capi_pool(request).await
+            }
+            (capi::GROUP, "InClusterPrefixPool" | "GlobalInClusterPrefixPool") => {
+                self.prefix_pool(request).await
             }
             (metal3_ipam::GROUP, "IPPool") => self.metal3_pool(request).await,
             (metal3_ipam::GROUP, "IPClaim") => self.ipclaim(request).await,
@@ -200,6 +203,43 @@ impl Webhooks {
             problems.extend(rules::overlaps(&layout, &others));
         }
         Ok(problems)
+    }
+
+    async fn prefix_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let kind = request.kind.kind.as_str();
+        let spec_of =
+            |o: Option<&DynamicObject>| -> Result<Option<InClusterPrefixPoolSpec>, AdmissionError> {
+                Ok(if kind == "GlobalInClusterPrefixPool" {
+                    decode::<GlobalInClusterPrefixPool>(kind, o)?.map(|p| p.spec.pool)
+                } else {
+                    decode::<InClusterPrefixPool>(kind, o)?.map(|p| p.spec)
+                })
+            };
+        let namespace = request.namespace.clone();
+        if request.operation == Operation::Delete {
+            return self.pool_delete(request, kind, namespace).await;
+        }
+        if spec_unchanged(request) {
+            return Ok(Vec::new());
+        }
+        let Some(spec) = spec_of(request.object.as_ref())? else {
+            return Ok(Vec::new());
+        };
+        let (layout, numbering) = match rules::prefix_pool(&spec) {
+            Ok(valid) => valid,
+            Err(problems) => return Ok(problems),
+        };
+        let Some(old) = spec_of(request.old_object.as_ref())? else {
+            return Ok(Vec::new());
+        };
+        let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+        let allow_shrink = annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION);
+        Ok(rules::prefix_pool_update(
+            &held,
+            &old,
+            (&layout, numbering),
+            allow_shrink,
+        ))
     }
 
     async fn metal3_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
@@ -425,15 +465,39 @@ impl Webhooks {
         if key.name.is_empty() {
             return Ok(vec!["spec.poolRef.name: cannot be empty".into()]);
         }
-        let layout = self.pool_layout(&key).await?;
         let requested = claim
             .annotations()
             .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
             .cloned();
+        if key.kind.ends_with("PrefixPool") {
+            let pool = self.prefix_pool_layout(&key).await?;
+            return Ok(rules::requested_prefix(requested.as_deref(), pool.as_ref()));
+        }
+        let layout = self.pool_layout(&key).await?;
         Ok(rules::requested_address(
             requested.as_deref(),
             layout.as_ref(),
         ))
+    }
+
+    /// The layout and numbering of a prefix pool, if it exists and is valid.
+    async fn prefix_pool_layout(
+        &self,
+        key: &PoolKey,
+    ) -> Result<Option<(Layout, Numbering)>, AdmissionError> {
+        let client = self.client.clone();
+        let spec = match &key.namespace {
+            Some(ns) => get(
+                &Api::<InClusterPrefixPool>::namespaced(client, ns),
+                &key.name,
+            )
+            .await?
+            .map(|p| p.spec),
+            None => get(&Api::<GlobalInClusterPrefixPool>::all(client), &key.name)
+                .await?
+                .map(|p| p.spec.pool),
+        };
+        Ok(spec.and_then(|s| rules::prefix_pool(&s).ok()))
     }
 
     /// The layout of a bitpool pool, if it exists and is valid.

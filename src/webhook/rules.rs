@@ -3,13 +3,14 @@
 //! tooling match on them; bitpool's own rules (preallocations, shrinking, deletion, overlap)
 //! say what to change.
 
-use crate::alloc::{self, Layout, SpecError};
-use crate::api::capi_pools::InClusterIPPoolSpec;
+use crate::alloc::{self, Layout, Numbering, SpecError};
+use crate::api::capi_pools::{InClusterIPPoolSpec, InClusterPrefixPoolSpec};
 use crate::api::metal3_data::{Metal3DataTemplateSpec, Networks};
 use crate::api::metal3_ipam::{IPPoolSpec, Metal3IPAddressSpec};
 use crate::api::{AllocationStrategy, metal3_ipam};
-use crate::controllers::{capi, metal3};
+use crate::controllers::{capi, metal3, prefix};
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 /// Set on a pool to allow an update that leaves allocated addresses outside it (they stay
 /// allocated and are counted as out of range).
@@ -78,6 +79,49 @@ pub fn capi_pool(spec: &InClusterIPPoolSpec) -> Result<Layout, Vec<String>> {
     capi::to_alloc(spec)
         .layout()
         .map_err(|e| vec![spec_error(&e)])
+}
+
+/// InClusterPrefixPool and GlobalInClusterPrefixPool, on create and update: the layout over
+/// sub-prefix numbers and their numbering.
+pub fn prefix_pool(spec: &InClusterPrefixPoolSpec) -> Result<(Layout, Numbering), Vec<String>> {
+    if spec.prefixes.is_empty() {
+        return Err(vec!["spec.prefixes: prefixes is required".to_string()]);
+    }
+    if !(1..=128).contains(&spec.allocation_prefix_length) {
+        return Err(vec![format!(
+            "spec.allocationPrefixLength: allocationPrefixLength must be between 1 and 128 (got {})",
+            spec.allocation_prefix_length
+        )]);
+    }
+    prefix::to_alloc(spec)
+        .layout()
+        .map_err(|e| vec![spec_error(&e)])
+}
+
+/// A prefix pool's update: the allocation length is fixed (upstream's rule: the sub-prefixes
+/// handed out would no longer be sub-prefixes of the pool), and every allocated sub-prefix must
+/// stay in the pool unless the pool carries [`ALLOW_SHRINK_ANNOTATION`].
+pub fn prefix_pool_update(
+    held: &[Held],
+    old: &InClusterPrefixPoolSpec,
+    new: (&Layout, Numbering),
+    allow_shrink: bool,
+) -> Vec<String> {
+    let (layout, numbering) = new;
+    if old.allocation_prefix_length != i32::from(numbering.length) {
+        return vec!["spec.allocationPrefixLength is immutable".to_string()];
+    }
+    if allow_shrink {
+        return Vec::new();
+    }
+    let old = prefix_pool(old).ok();
+    let held_as = |h: &Held| {
+        alloc::parse_address(&h.address)
+            .filter(|a| alloc::Family::of(*a) == numbering.family)
+            .map(|a| numbering.containing(a))
+    };
+    let show = |number| format!("{}/{}", numbering.network(number), numbering.length);
+    shrink_of(held, old.as_ref().map(|(l, _)| l), layout, held_as, show)
 }
 
 /// Metal3 IPPool, on create and update.
@@ -150,11 +194,29 @@ pub fn metal3_indexes_in_bounds(
 /// An update must keep every allocated address inside the pool, unless the pool carries
 /// [`ALLOW_SHRINK_ANNOTATION`]. Addresses already outside the old pool do not count.
 pub fn shrink(held: &[Held], old: Option<&Layout>, new: &Layout) -> Vec<String> {
+    shrink_of(
+        held,
+        old,
+        new,
+        |h| alloc::parse_address(&h.address),
+        |a| a.to_string(),
+    )
+}
+
+/// [`shrink`] for a pool whose layout numbers something else than addresses: `held` says what
+/// an address object holds in the layout's terms, `show` how to name that to people.
+fn shrink_of(
+    held: &[Held],
+    old: Option<&Layout>,
+    new: &Layout,
+    held_as: impl Fn(&Held) -> Option<IpAddr>,
+    show: impl Fn(IpAddr) -> String,
+) -> Vec<String> {
     let dropped: Vec<String> = held
         .iter()
-        .filter_map(|h| Some((alloc::parse_address(&h.address)?, h)))
+        .filter_map(|h| Some((held_as(h)?, h)))
         .filter(|(a, _)| old.is_none_or(|old| old.contains(*a)) && !new.contains(*a))
-        .map(|(a, h)| format!("{a} (claim {})", h.claim))
+        .map(|(a, h)| format!("{} (claim {})", show(a), h.claim))
         .collect();
     if dropped.is_empty() {
         return Vec::new();
@@ -222,6 +284,28 @@ pub fn requested_address(value: Option<&str>, pool: Option<&Layout>) -> Vec<Stri
         )],
         Some(address) if pool.is_some_and(|p| !p.contains(address)) => vec![format!(
             "metadata.annotations[{annotation}]: {address} is not an address of the pool"
+        )],
+        Some(_) => Vec::new(),
+    }
+}
+
+/// IPAddressClaim on a prefix pool: the `ipAddress` annotation names a sub-prefix of the pool's
+/// allocation length (`network/length` or the network address) inside the pool, when the pool is
+/// known and valid.
+pub fn requested_prefix(value: Option<&str>, pool: Option<&(Layout, Numbering)>) -> Vec<String> {
+    let (Some(value), Some((layout, numbering))) = (value, pool) else {
+        return Vec::new();
+    };
+    let annotation = metal3_ipam::REQUESTED_ADDRESS_ANNOTATION;
+    match numbering.parse(value) {
+        None => vec![format!(
+            "metadata.annotations[{annotation}]: Invalid ipAddress annotation {value:?}: not a /{} sub-prefix",
+            numbering.length
+        )],
+        Some(number) if !layout.contains(number) => vec![format!(
+            "metadata.annotations[{annotation}]: {}/{} is not a sub-prefix of the pool",
+            numbering.network(number),
+            numbering.length
         )],
         Some(_) => Vec::new(),
     }
@@ -698,5 +782,102 @@ mod tests {
             metal3_address(Some(&spec("x")), &spec("x")).is_empty(),
             "stored before the rule, still updates"
         );
+    }
+
+    fn prefixes(prefixes: &[&str], length: i32) -> InClusterPrefixPoolSpec {
+        InClusterPrefixPoolSpec {
+            prefixes: prefixes.iter().map(|s| s.to_string()).collect(),
+            allocation_prefix_length: length,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn prefix_pools_are_refused_naming_field_and_rule() {
+        let cases: &[(InClusterPrefixPoolSpec, &str)] = &[
+            (prefixes(&[], 64), "spec.prefixes: prefixes is required"),
+            (prefixes(&["fd00::/48"], 0), "between 1 and 128 (got 0)"),
+            (prefixes(&["fd00::/48"], 129), "between 1 and 128 (got 129)"),
+            (
+                prefixes(&["fd00::1/48"], 64),
+                "\"fd00::1/48\" is not network aligned",
+            ),
+            (
+                prefixes(&["fd00::/72"], 64),
+                "longer than allocationPrefixLength 64",
+            ),
+            (
+                prefixes(&["10.0.0.0/8"], 64),
+                "allocationPrefixLength 64 is not valid for IPv4",
+            ),
+            (
+                prefixes(&["fd00::/48", "10.0.0.0/8"], 64),
+                "one address family",
+            ),
+            (
+                InClusterPrefixPoolSpec {
+                    excluded_prefixes: vec!["fd01::/64".into()],
+                    ..prefixes(&["fd00::/48"], 64)
+                },
+                "excludedPrefixes[0]: \"fd01::/64\" is not inside the pool's prefixes",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let problems = prefix_pool(spec).err().unwrap_or_default().join("; ");
+            assert!(problems.contains(expected), "{spec:?}: {problems}");
+        }
+        assert!(
+            prefix_pool(&prefixes(&["10.0.0.0/8"], 24)).is_ok(),
+            "IPv4 is served too"
+        );
+    }
+
+    #[test]
+    fn a_requested_sub_prefix_must_be_one_of_the_pool() {
+        let pool = prefix_pool(&prefixes(&["fd00::/56"], 64)).expect("valid");
+        assert!(requested_prefix(Some("fd00:0:0:5::/64"), Some(&pool)).is_empty());
+        assert!(requested_prefix(Some("fd00:0:0:5::"), Some(&pool)).is_empty());
+        assert!(requested_prefix(None, Some(&pool)).is_empty());
+        let found = requested_prefix(Some("fd00:0:0:5::1"), Some(&pool)).join("; ");
+        assert!(found.contains("not a /64 sub-prefix"), "{found}");
+        let found = requested_prefix(Some("fd00:0:1::/64"), Some(&pool)).join("; ");
+        assert!(
+            found.contains("fd00:0:1::/64 is not a sub-prefix of the pool"),
+            "{found}"
+        );
+        assert!(
+            requested_prefix(Some("anything"), None).is_empty(),
+            "no pool, no rule"
+        );
+    }
+
+    #[test]
+    fn a_prefix_pool_update_keeps_its_length_and_every_allocated_sub_prefix() {
+        let old = prefixes(&["fd00::/56"], 64);
+        let allocated = held(&[("fd00:0:0:5::", "a"), ("fd00:0:0:80::", "b")]);
+        let valid = |spec: &InClusterPrefixPoolSpec| prefix_pool(spec).expect("valid");
+
+        let longer = valid(&prefixes(&["fd00::/56"], 80));
+        let found = prefix_pool_update(&allocated, &old, (&longer.0, longer.1), true);
+        assert_eq!(found, ["spec.allocationPrefixLength is immutable"]);
+
+        let shrunk = valid(&prefixes(&["fd00::/57"], 64));
+        let found = prefix_pool_update(&allocated, &old, (&shrunk.0, shrunk.1), false).join("; ");
+        assert!(
+            found.contains("fd00:0:0:80::/64 (claim b)") && !found.contains("claim a"),
+            "{found}"
+        );
+        let excluded = valid(&InClusterPrefixPoolSpec {
+            excluded_prefixes: vec!["fd00:0:0:5::1".into()],
+            ..old.clone()
+        });
+        let found = prefix_pool_update(&allocated, &old, (&excluded.0, excluded.1), false);
+        assert!(
+            found.join("; ").contains("fd00:0:0:5::/64 (claim a)"),
+            "{found:?}"
+        );
+        assert!(prefix_pool_update(&allocated, &old, (&shrunk.0, shrunk.1), true).is_empty());
+        let grown = valid(&prefixes(&["fd00::/48"], 64));
+        assert!(prefix_pool_update(&allocated, &old, (&grown.0, grown.1), false).is_empty());
     }
 }
