@@ -16,7 +16,6 @@ use bitpool::api::capi_pools::{
 };
 use bitpool::api::{AllocationStrategy, labels};
 use bitpool::controllers::WATCH_FILTER_LABEL;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
@@ -808,24 +807,7 @@ async fn burst(env: &Env, pools: &[&str], count: usize) {
 /// Every claim Ready with its own IPAddress, no address twice within a pool, and each pool's
 /// ledger and counts agreeing with the IPAddress objects (nothing leaked, nothing pending).
 async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
-    let claims = env.claims();
-    eventually(
-        &format!("all {count} claims Ready"),
-        Duration::from_secs(180),
-        || {
-            let claims = claims.clone();
-            async move {
-                let list = claims.list(&Default::default()).await.ok()?;
-                let ready = list
-                    .items
-                    .iter()
-                    .filter(|c| ready_condition(c).is_some_and(|r| r.status == "True"))
-                    .count();
-                (ready == count).then_some(())
-            }
-        },
-    )
-    .await;
+    support::ipam::wait_all_ready(env, count, Duration::from_secs(180)).await;
     let addresses = env
         .addresses()
         .list(&Default::default())
@@ -900,23 +882,7 @@ async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
     // Kill at a random point of the burst: on the N-th IPAddress creation, seen by a watch so
     // that the kill lands within milliseconds of it.
     let threshold = rand::random_range(10..150);
-    let kill_mid_burst = async {
-        let mut created = BTreeSet::new();
-        let events = kube::runtime::watcher(env.addresses(), Default::default());
-        let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(events));
-        let watching = async {
-            while let Some(Ok(address)) = events.next().await {
-                created.insert(address.name_any());
-                if created.len() >= threshold {
-                    break;
-                }
-            }
-        };
-        let served = tokio::time::timeout(WAIT, watching).await.is_ok();
-        assert!(served, "the victim served nothing (log: {:?})", victim.log);
-        victim.kill();
-        created.len()
-    };
+    let kill_mid_burst = support::ipam::kill_when_created(&env, &mut victim, threshold);
     let ((), seen) = futures::join!(creating, kill_mid_burst);
     let at_kill = env
         .addresses()

@@ -161,20 +161,7 @@ async fn claims_are_served_at_v1beta1_with_v1beta1_conditions() {
         .await
         .expect("delete a");
     wait_claim(&env, "c", "Ready", |c| c.status == "True").await;
-    let settled = eventually("the objects settle", Duration::from_secs(60), || async {
-        let before = versions(&env).await;
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        changed_since(&env, &before)
-            .await
-            .is_empty()
-            .then_some(before)
-    })
-    .await;
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let changed = changed_since(&env, &settled).await;
-        assert!(changed.is_empty(), "written at rest: {changed:?}");
-    }
+    assert_quiet_at_rest(&env, 5).await;
     assert_warnings_name_objects(&bitpool);
     let log = std::fs::read_to_string(&bitpool.log).unwrap_or_default();
     assert!(log.contains("v1beta1"), "the chosen version is logged");

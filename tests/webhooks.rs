@@ -7,7 +7,10 @@
 mod support;
 
 use bitpool::api::capi::IPAddressClaim;
-use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use bitpool::api::capi_pools::{
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, GlobalInClusterPrefixPoolSpec,
+    InClusterIPPool, InClusterPrefixPool,
+};
 use bitpool::api::metal3_ipam::{IPClaim, IPClaimSpec, IPPool, Metal3PoolRange};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
@@ -367,6 +370,90 @@ async fn pools_in_use_are_neither_deleted_nor_shrunk() {
 }
 
 #[tokio::test]
+async fn prefix_pools_are_validated_and_kept_while_in_use() {
+    let Some(harness) = serve("wh-prefix", &[]).await else {
+        return;
+    };
+    let env = &harness.env;
+    let pools: Api<InClusterPrefixPool> = env.api();
+    let pp = PostParams::default();
+    let unaligned = InClusterPrefixPool {
+        metadata: env.meta("unaligned"),
+        spec: prefix_spec(&["fd00:30::1/62"], 64),
+        status: None,
+    };
+    assert_denied(
+        pools.create(&pp, &unaligned).await,
+        &["prefixes[0]", "\"fd00:30::1/62\" is not network aligned"],
+    );
+    let globals: Api<GlobalInClusterPrefixPool> = Api::all(env.client.clone());
+    let mut outside = GlobalInClusterPrefixPool {
+        metadata: env.meta(&format!("{}-outside", env.name())),
+        spec: GlobalInClusterPrefixPoolSpec {
+            pool: prefix_spec(&["fd00:31::/48"], 64),
+        },
+        status: None,
+    };
+    outside.metadata.namespace = None;
+    outside.spec.pool.excluded_prefixes = vec!["fd00:99::/64".into()];
+    assert_denied(
+        globals.create(&pp, &outside).await,
+        &["excludedPrefixes[0]", "is not inside the pool's prefixes"],
+    );
+
+    prefix_pool(env, "p", prefix_spec(&["fd00:30::/62"], 64)).await;
+    let claims: Api<IPAddressClaim> = env.api();
+    create(
+        &claims,
+        &claim_object(env, "a", CAPI_GROUP, "InClusterPrefixPool", "p"),
+    )
+    .await;
+    wait_claim(env, "a", "Ready", |c| c.status == "True").await;
+    for (requested, problem) in [
+        ("fd00:30::1", "not a /64 sub-prefix"),
+        (
+            "fd00:31::/64",
+            "fd00:31::/64 is not a sub-prefix of the pool",
+        ),
+    ] {
+        let mut asking = claim_object(env, "asking", CAPI_GROUP, "InClusterPrefixPool", "p");
+        asking.metadata.annotations =
+            Some([("ipAddress".to_string(), requested.to_string())].into());
+        assert_denied(claims.create(&pp, &asking).await, &[problem]);
+    }
+    let merge = |spec: serde_json::Value| Patch::Merge(json!({ "spec": spec }));
+    let patch = PatchParams::default();
+    assert_denied(
+        pools
+            .patch("p", &patch, &merge(json!({"allocationPrefixLength": 63})))
+            .await,
+        &["spec.allocationPrefixLength is immutable"],
+    );
+    assert_denied(
+        pools
+            .patch(
+                "p",
+                &patch,
+                &merge(json!({"prefixes": ["fd00:30:0:2::/63"]})),
+            )
+            .await,
+        &["fd00:30::/64 (claim a)", "ipam.bitpool.dev/allow-shrink"],
+    );
+    pools
+        .patch(
+            "p",
+            &patch,
+            &merge(json!({"excludedPrefixes": ["fd00:30:0:3::/64"]})),
+        )
+        .await
+        .expect("excluding a free sub-prefix is fine");
+    assert_denied(
+        pools.delete("p", &DeleteParams::default()).await,
+        &["Cannot delete Pool", "1 address(es) held by claim(s): a"],
+    );
+}
+
+#[tokio::test]
 async fn v1alpha1_and_v1alpha2_read_each_others_writes() {
     let Some(harness) = serve("wh-convert", &[]).await else {
         return;
@@ -407,13 +494,17 @@ async fn v1alpha1_and_v1alpha2_read_each_others_writes() {
         )
         .await
         .expect("patch at v1alpha2");
-    let mut seen = old_form.get("old").await.expect("read at v1alpha1");
-    assert_eq!(seen.data["spec"], written, "the v1alpha1 form is kept");
-    seen.labels_mut().insert("touched".into(), "yes".into());
-    old_form
-        .replace("old", &PostParams::default(), &seen)
-        .await
-        .expect("replace at v1alpha1");
+    // bitpool writes the pool's status meanwhile: a conflict is read again, as any client does.
+    for attempt in 1.. {
+        let mut seen = old_form.get("old").await.expect("read at v1alpha1");
+        assert_eq!(seen.data["spec"], written, "the v1alpha1 form is kept");
+        seen.labels_mut().insert("touched".into(), "yes".into());
+        match old_form.replace("old", &PostParams::default(), &seen).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 5 => continue,
+            Err(e) => panic!("replace at v1alpha1: {e}"),
+        }
+    }
     let current = pools.get("old").await.expect("read at v1alpha2");
     assert_eq!(
         current.spec.excluded_addresses,

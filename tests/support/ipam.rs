@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use bitpool::api::capi_pools::{
-    GlobalInClusterIPPool, GlobalInClusterIPPoolSpec, InClusterIPPool, InClusterIPPoolSpec,
+    GlobalInClusterIPPool, GlobalInClusterIPPoolSpec, GlobalInClusterPrefixPool,
+    GlobalInClusterPrefixPoolSpec, InClusterIPPool, InClusterIPPoolSpec, InClusterPrefixPool,
+    InClusterPrefixPoolSpec,
 };
 use bitpool::api::metal3_ipam::{
     IPClaim, IPClaimSpec, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange,
@@ -60,6 +62,37 @@ pub async fn global_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> St
     let pool = GlobalInClusterIPPool {
         metadata,
         spec: GlobalInClusterIPPoolSpec { pool: spec },
+        status: None,
+    };
+    create(&Api::all(env.client.clone()), &pool).await;
+    full
+}
+
+pub fn prefix_spec(prefixes: &[&str], length: i32) -> InClusterPrefixPoolSpec {
+    InClusterPrefixPoolSpec {
+        prefixes: prefixes.iter().map(|s| s.to_string()).collect(),
+        allocation_prefix_length: length,
+        ..Default::default()
+    }
+}
+
+pub async fn prefix_pool(env: &Env, name: &str, spec: InClusterPrefixPoolSpec) {
+    let pool = InClusterPrefixPool {
+        metadata: env.meta(name),
+        spec,
+        status: None,
+    };
+    create(&env.api(), &pool).await;
+}
+
+/// A global prefix pool named `<namespace>-<name>`, labelled for the test's bitpool.
+pub async fn global_prefix_pool(env: &Env, name: &str, spec: InClusterPrefixPoolSpec) -> String {
+    let full = format!("{}-{name}", env.name());
+    let mut metadata = env.meta(&full);
+    metadata.namespace = None;
+    let pool = GlobalInClusterPrefixPool {
+        metadata,
+        spec: GlobalInClusterPrefixPoolSpec { pool: spec },
         status: None,
     };
     create(&Api::all(env.client.clone()), &pool).await;
@@ -181,6 +214,63 @@ pub async fn wait_claim(
         }
     })
     .await
+}
+
+/// SIGKILLs `victim` as soon as a watch has seen `threshold` IPAddresses of the test namespace,
+/// so that the kill lands within milliseconds of that creation; how many it had seen.
+pub async fn kill_when_created(env: &Env, victim: &mut Bitpool, threshold: usize) -> usize {
+    let mut created = BTreeSet::new();
+    let events = kube::runtime::watcher(env.api::<IPAddress>(), Default::default());
+    let mut events = std::pin::pin!(kube::runtime::WatchStreamExt::applied_objects(events));
+    let watching = async {
+        while let Some(Ok(address)) = events.next().await {
+            created.insert(address.name_any());
+            if created.len() >= threshold {
+                break;
+            }
+        }
+    };
+    let served = tokio::time::timeout(WAIT, watching).await.is_ok();
+    assert!(served, "nothing was served (log: {:?})", victim.log);
+    victim.kill();
+    created.len()
+}
+
+/// Waits until `count` claims of the test namespace are Ready.
+pub async fn wait_all_ready(env: &Env, count: usize, within: Duration) {
+    let claims: Api<IPAddressClaim> = env.api();
+    eventually(&format!("all {count} claims Ready"), within, || {
+        let claims = claims.clone();
+        async move {
+            let list = claims.list(&ListParams::default()).await.ok()?;
+            let ready = list
+                .items
+                .iter()
+                .filter(|c| ready(c).is_some_and(|r| r.status == "True"))
+                .count();
+            (ready == count).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Waits until none of the test's objects changes for a while, then checks for `rounds` more
+/// that nothing is written at rest.
+pub async fn assert_quiet_at_rest(env: &Env, rounds: usize) {
+    let settled = eventually("the objects settle", Duration::from_secs(60), || async {
+        let before = versions(env).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        changed_since(env, &before)
+            .await
+            .is_empty()
+            .then_some(before)
+    })
+    .await;
+    for _ in 0..rounds {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let changed = changed_since(env, &settled).await;
+        assert!(changed.is_empty(), "written at rest: {changed:?}");
+    }
 }
 
 /// The address the IPAddress `name` (named after its claim) holds.
@@ -318,24 +408,37 @@ pub async fn versions(env: &Env) -> BTreeMap<String, String> {
         };
     }
     collect!(InClusterIPPool, "InClusterIPPool");
+    collect!(InClusterPrefixPool, "InClusterPrefixPool");
     collect!(IPPool, "IPPool");
     collect!(IPAddressClaim, "IPAddressClaim");
     collect!(IPClaim, "IPClaim");
     collect!(IPAddress, "IPAddress");
     collect!(Metal3IPAddress, "Metal3IPAddress");
     collect!(ConfigMap, "ConfigMap");
+    let labelled = ListParams::default().labels(&format!(
+        "{}={}",
+        bitpool::controllers::WATCH_FILTER_LABEL,
+        env.name()
+    ));
     for pool in Api::<GlobalInClusterIPPool>::all(env.client.clone())
-        .list(&ListParams::default().labels(&format!(
-            "{}={}",
-            bitpool::controllers::WATCH_FILTER_LABEL,
-            env.name()
-        )))
+        .list(&labelled)
         .await
         .expect("list")
         .items
     {
         out.insert(
             format!("GlobalInClusterIPPool {}", pool.name_any()),
+            pool.resource_version().unwrap_or_default(),
+        );
+    }
+    for pool in Api::<GlobalInClusterPrefixPool>::all(env.client.clone())
+        .list(&labelled)
+        .await
+        .expect("list")
+        .items
+    {
+        out.insert(
+            format!("GlobalInClusterPrefixPool {}", pool.name_any()),
             pool.resource_version().unwrap_or_default(),
         );
     }

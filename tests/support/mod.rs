@@ -404,7 +404,7 @@ impl Env {
     /// The name of the ledger of this test's pool `kind`/`name` (tests run bitpool with the test
     /// namespace as its ledger namespace).
     pub fn ledger_name(&self, kind: &str, pool: &str) -> String {
-        let namespace = (kind != "GlobalInClusterIPPool").then_some(self.name());
+        let namespace = (!kind.starts_with("Global")).then_some(self.name());
         bitpool::controllers::ledger::ledger_name(kind, namespace, pool)
     }
 
