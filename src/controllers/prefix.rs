@@ -39,13 +39,20 @@ pub fn to_alloc(spec: &InClusterPrefixPoolSpec) -> alloc::PrefixPool {
     }
 }
 
+/// The allocation length, defaulted as upstream does (asked once per address object: no copy of
+/// the spec).
+fn allocation_length(spec: &InClusterPrefixPoolSpec) -> i64 {
+    match spec.allocation_prefix_length {
+        0 => alloc::prefix::DEFAULT_ALLOCATION_LENGTH,
+        length => i64::from(length),
+    }
+}
+
 /// The numbering of `family`'s sub-prefixes at the spec's allocation length. It is known even
 /// for an invalid spec (the length clamped to the family), so that the sub-prefixes held by
 /// address objects are never lost from sight while the spec is being fixed.
 fn numbering(spec: &InClusterPrefixPoolSpec, family: Family) -> Numbering {
-    let length = to_alloc(spec)
-        .effective_length()
-        .clamp(1, i64::from(family.bits()));
+    let length = allocation_length(spec).clamp(1, i64::from(family.bits()));
     Numbering {
         family,
         length: u8::try_from(length).unwrap_or(family.bits()),
@@ -144,7 +151,7 @@ macro_rules! prefix_dialect {
             format!(
                 "{}/{}",
                 self.uid().unwrap_or_default(),
-                to_alloc(self.pool_spec()).effective_length()
+                allocation_length(self.pool_spec())
             )
         }
 
