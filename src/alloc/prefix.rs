@@ -68,6 +68,14 @@ impl Numbering {
         self.family.address(shift_down(value, self.host_bits()))
     }
 
+    /// The addresses sub-prefixes `first..=last` (numbers) cover: the first one's network
+    /// address to the last one's last address, as values of the family.
+    pub fn address_bounds(self, first: u128, last: u128) -> (u128, u128) {
+        let host = self.host_bits();
+        let last_host = shift_up(1, host).wrapping_sub(1);
+        (shift_up(first, host), shift_up(last, host) | last_host)
+    }
+
     /// The network address of sub-prefix `number`.
     pub fn network(self, number: IpAddr) -> IpAddr {
         let value = family::to_value(number);
@@ -301,6 +309,25 @@ mod tests {
         assert_eq!(numbering.containing(ip("fd00:0:0:5:1::9")), fifth);
         assert_ne!(numbering.containing(ip("fd00:0:0:6::")), fifth);
         assert_eq!(numbering.network(fifth), ip("fd00:0:0:5::"));
+    }
+
+    #[test]
+    fn sub_prefix_numbers_cover_their_addresses() {
+        let numbering = Numbering {
+            family: Family::V4,
+            length: 26,
+        };
+        let value = |text: &str| family::to_value(ip(text));
+        let (first, last) = (value("0.0.0.1"), value("0.0.0.2"));
+        assert_eq!(
+            numbering.address_bounds(first, last),
+            (value("0.0.0.64"), value("0.0.0.191"))
+        );
+        let whole = Numbering {
+            family: Family::V6,
+            length: 1,
+        };
+        assert_eq!(whole.address_bounds(1, 1), (1 << 127, u128::MAX));
     }
 
     #[test]

@@ -229,17 +229,26 @@ impl Webhooks {
             Ok(valid) => valid,
             Err(problems) => return Ok(problems),
         };
-        let Some(old) = spec_of(request.old_object.as_ref())? else {
-            return Ok(Vec::new());
-        };
-        let held = self.held(kind, namespace.as_deref(), &request.name).await?;
-        let allow_shrink = annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION);
-        Ok(rules::prefix_pool_update(
-            &held,
-            &old,
-            (&layout, numbering),
-            allow_shrink,
-        ))
+        let mut problems = Vec::new();
+        if let Some(old) = spec_of(request.old_object.as_ref())? {
+            let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+            let allow_shrink =
+                annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION);
+            problems.extend(rules::prefix_pool_update(
+                &held,
+                &old,
+                (&layout, numbering),
+                allow_shrink,
+            ));
+        }
+        if self.refuse_overlap {
+            let others = self
+                .other_layouts(kind, namespace.as_deref(), &request.name)
+                .await?;
+            let addresses = rules::prefix_addresses(&(layout, numbering));
+            problems.extend(rules::overlaps(&addresses, &others));
+        }
+        Ok(problems)
     }
 
     async fn metal3_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
@@ -360,6 +369,22 @@ impl Webhooks {
         let globals =
             list_all::<GlobalInClusterIPPool>(&self.client, "GlobalInClusterIPPools").await?;
         let ippools = list_all::<IPPool>(&self.client, "IPPools").await?;
+        let prefix_pools =
+            list_all::<InClusterPrefixPool>(&self.client, "InClusterPrefixPools").await?;
+        let global_prefix_pools =
+            list_all::<GlobalInClusterPrefixPool>(&self.client, "GlobalInClusterPrefixPools")
+                .await?;
+        let as_addresses = |spec: &InClusterPrefixPoolSpec| {
+            rules::prefix_pool(spec).map(|valid| rules::prefix_addresses(&valid))
+        };
+        let prefix_pools = prefix_pools.into_iter().map(|p| {
+            let layout = as_addresses(&p.spec);
+            ("InClusterPrefixPool", p.namespace(), p.name_any(), layout)
+        });
+        let global_prefix_pools = global_prefix_pools.into_iter().map(|p| {
+            let layout = as_addresses(&p.spec.pool);
+            ("GlobalInClusterPrefixPool", None, p.name_any(), layout)
+        });
         let capi = capi.into_iter().map(|p| {
             (
                 "InClusterIPPool",
@@ -387,6 +412,8 @@ impl Webhooks {
         Ok(capi
             .chain(globals)
             .chain(ippools)
+            .chain(prefix_pools)
+            .chain(global_prefix_pools)
             .filter(|(k, ns, n, _)| !(*k == kind && ns.as_deref() == namespace && n == name))
             .filter_map(|(k, ns, n, layout)| {
                 let named = match ns {

@@ -255,6 +255,15 @@ fn list(names: &[String]) -> String {
     text
 }
 
+/// A prefix pool's layout over the addresses its sub-prefixes cover (for [`overlaps`]).
+pub fn prefix_addresses((layout, numbering): &(Layout, Numbering)) -> Layout {
+    let mut addresses = layout.clone();
+    for segment in &mut addresses.segments {
+        (segment.first, segment.last) = numbering.address_bounds(segment.first, segment.last);
+    }
+    addresses
+}
+
 /// Pools (by `Kind namespace/name`) whose addresses meet this one's.
 pub fn overlaps(layout: &Layout, others: &[(String, Layout)]) -> Vec<String> {
     others
@@ -690,6 +699,25 @@ mod tests {
         assert_eq!(
             overlaps(&a, &others),
             vec!["spec: the pool's addresses overlap those of InClusterIPPool ns/b".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_prefix_pool_overlaps_by_the_addresses_its_sub_prefixes_cover() {
+        let mut spec = prefixes(&["10.0.0.0/24"], 26);
+        spec.excluded_prefixes = vec!["10.0.0.64/26".into()];
+        let sub_prefixes = prefix_addresses(&prefix_pool(&spec).expect("valid"));
+        let inside_excluded = capi_pool(&capi(&["10.0.0.70-10.0.0.80"], 24, None)).expect("valid");
+        let in_last = capi_pool(&capi(&["10.0.0.200"], 24, None)).expect("valid");
+        let beyond = capi_pool(&capi(&["10.0.1.0/24"], 24, None)).expect("valid");
+        let others = vec![
+            ("InClusterIPPool ns/excluded".to_string(), inside_excluded),
+            ("InClusterIPPool ns/last".to_string(), in_last),
+            ("InClusterIPPool ns/beyond".to_string(), beyond),
+        ];
+        assert_eq!(
+            overlaps(&sub_prefixes, &others),
+            vec!["spec: the pool's addresses overlap those of InClusterIPPool ns/last".to_string()]
         );
     }
 
