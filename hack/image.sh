@@ -44,8 +44,16 @@ file "$binary" 2>/dev/null | grep -q "static" || ldd "$binary" 2>&1 | grep -q "n
 bh() { buildah --storage-driver vfs "$@"; }
 name=localhost/bitpool:$tag
 version=$("$binary" --version | awk '{print $2}')
-containers=() secrets="" smoke_ns=""
+containers=() secrets="" smoke_ns="" running=""
+# Stops a process and everything it started, children first: killing only the background shell
+# would leave buildah and the image's bitpool running.
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
 cleanup() {
+  [ -z "$running" ] || kill_tree "$running"
   [ ${#containers[@]} -eq 0 ] || bh rm "${containers[@]}" >/dev/null 2>&1 || true
   [ -z "$secrets" ] || rm -rf "$secrets"
   if [ -n "$smoke_ns" ]; then
@@ -111,7 +119,8 @@ for _ in $(seq 1 120); do
   kill -0 "$running" 2>/dev/null || break
   sleep 0.5
 done
-kill "$running" 2>/dev/null || true
+kill_tree "$running"
 wait "$running" 2>/dev/null || true
+running=""
 [ -n "$ready" ] || { tail -n 20 "$out/smoke.log" >&2; die "the image did not become ready in-cluster (log: $out/smoke.log)"; }
 log "smoke test passed: ran as uid 65532 with in-cluster configuration and became ready"
