@@ -220,6 +220,228 @@ pub(crate) struct Caches {
     pub(crate) ipclaims: Shared<IPClaim>,
     pub(crate) metal3_addresses: Shared<Metal3IPAddress>,
     clusters: Option<Shared<Cluster>>,
+    pools: Shared<InClusterIPPool>,
+    global_pools: Shared<GlobalInClusterIPPool>,
+    prefix_pools: Shared<InClusterPrefixPool>,
+    global_prefix_pools: Shared<GlobalInClusterPrefixPool>,
+    ippools: Shared<IPPool>,
+    data_templates: Shared<Metal3DataTemplate>,
+    datas: Shared<Metal3Data>,
+    data_claims: Shared<Metal3DataClaim>,
+}
+
+impl Caches {
+    /// Empty caches; Clusters are cached only where Cluster API core is installed.
+    async fn new(client: &Client) -> Self {
+        let clusters = crd_exists(client, "clusters.cluster.x-k8s.io")
+            .await
+            .then(Shared::new);
+        if clusters.is_none() {
+            tracing::info!(
+                "Cluster API core is not installed: claims are never paused through a Cluster"
+            );
+        }
+        Self {
+            claims: Shared::new(),
+            addresses: Shared::new(),
+            ipclaims: Shared::new(),
+            metal3_addresses: Shared::new(),
+            clusters,
+            pools: Shared::new(),
+            global_pools: Shared::new(),
+            prefix_pools: Shared::new(),
+            global_prefix_pools: Shared::new(),
+            ippools: Shared::new(),
+            data_templates: Shared::new(),
+            datas: Shared::new(),
+            data_claims: Shared::new(),
+        }
+    }
+
+    /// What every reconcile shares, reading these caches.
+    fn context(&self, client: &Client, settings: &Settings, ops: Arc<crate::ops::Ops>) -> Context {
+        Context {
+            client: client.clone(),
+            settings: settings.clone(),
+            claims: self.claims.store.clone(),
+            addresses: self.addresses.store.clone(),
+            clusters: self.clusters.as_ref().map(|c| c.store.clone()),
+            pools: self.pools.store.clone(),
+            global_pools: self.global_pools.store.clone(),
+            prefix_pools: self.prefix_pools.store.clone(),
+            global_prefix_pools: self.global_prefix_pools.store.clone(),
+            ippools: self.ippools.store.clone(),
+            ipclaims: self.ipclaims.store.clone(),
+            metal3_addresses: self.metal3_addresses.store.clone(),
+            data_templates: self.data_templates.store.clone(),
+            datas: self.datas.store.clone(),
+            data_claims: self.data_claims.store.clone(),
+            ops,
+            state: Default::default(),
+        }
+    }
+
+    /// Starts the watches (after every controller subscribed). Kinds of a group that is off may
+    /// have no CRD: their caches stay empty and unwatched.
+    fn start(&mut self, client: &Client, settings: &Settings) {
+        let ns = settings.namespace.as_deref();
+        let (filtered, unfiltered) = (watch_config(settings, true), watch_config(settings, false));
+        self.claims.start(api(client, ns), filtered.clone());
+        self.addresses.start(api(client, ns), unfiltered.clone());
+        if let Some(clusters) = self.clusters.as_mut() {
+            clusters.start(api(client, ns), unfiltered.clone());
+        }
+        self.pools.start(api(client, ns), filtered.clone());
+        self.global_pools
+            .start(Api::all(client.clone()), filtered.clone());
+        self.prefix_pools.start(api(client, ns), filtered.clone());
+        self.global_prefix_pools
+            .start(Api::all(client.clone()), filtered.clone());
+        let groups = settings.groups;
+        if groups.metal3_kinds() {
+            self.ipclaims.start(api(client, ns), filtered.clone());
+            self.metal3_addresses.start(api(client, ns), unfiltered);
+            self.ippools.start(api(client, ns), filtered.clone());
+        }
+        if groups.metal3_data {
+            self.data_templates.start(api(client, ns), filtered.clone());
+            self.datas.start(api(client, ns), filtered.clone());
+            self.data_claims.start(api(client, ns), filtered);
+        }
+    }
+}
+
+/// The controllers a process runs (`None` for those of a group that is off).
+struct Controllers {
+    in_cluster: Option<Controller<InClusterIPPool>>,
+    global: Option<Controller<GlobalInClusterIPPool>>,
+    prefix: Option<Controller<InClusterPrefixPool>>,
+    global_prefix: Option<Controller<GlobalInClusterPrefixPool>>,
+    metal3: Option<Controller<IPPool>>,
+    orphan_claims: Option<Controller<IPAddressClaim>>,
+    templates: Option<Controller<Metal3DataTemplate>>,
+    orphan_data_claims: Option<Controller<Metal3DataClaim>>,
+    datas: Option<Controller<Metal3Data>>,
+}
+
+impl Controllers {
+    /// Every controller of the groups that are on, subscribed to the caches it reads.
+    fn new(
+        caches: &Caches,
+        ctx: &Arc<Context>,
+        stopped: &tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        let config = ControllerConfig::default()
+            .debounce(Duration::from_millis(100))
+            .concurrency(ctx.settings.concurrency);
+        let groups = ctx.settings.groups;
+        let on = Switch {
+            config: &config,
+            stopped,
+            ctx,
+        };
+        let orphan_claims = caches
+            .claims
+            .subscribe()
+            .map(|trigger| Controller::for_shared_stream(trigger, caches.claims.store.clone()));
+        let (templates, datas, data_claims) =
+            (&caches.data_templates, &caches.datas, &caches.data_claims);
+        Self {
+            in_cluster: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.pools, caches, ctx),
+            ),
+            global: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.global_pools, caches, ctx),
+            ),
+            prefix: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.prefix_pools, caches, ctx),
+            ),
+            global_prefix: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.global_prefix_pools, caches, ctx),
+            ),
+            metal3: on.when(
+                groups.metal3_pools(),
+                pool_controller(&caches.ippools, caches, ctx),
+            ),
+            orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, orphan_claims),
+            templates: on.when(
+                groups.metal3_data,
+                metal3data::template_controller(templates, datas, data_claims),
+            ),
+            orphan_data_claims: on.when(
+                groups.metal3_data,
+                metal3data::orphan_data_claim_controller(data_claims, templates, ctx),
+            ),
+            datas: on.when(
+                groups.metal3_data,
+                metal3data::data_controller(datas, data_claims, caches, ctx),
+            ),
+        }
+    }
+
+    /// Runs them all until they stop (at shutdown).
+    async fn run(self, ctx: &Arc<Context>) {
+        let ipam = future::join5(
+            run_controller(self.in_cluster, pool::reconcile, ctx),
+            run_controller(self.global, pool::reconcile, ctx),
+            run_controller(self.prefix, pool::reconcile, ctx),
+            run_controller(self.global_prefix, pool::reconcile, ctx),
+            run_controller(self.metal3, proxy::reconcile, ctx),
+        );
+        let rest = future::join4(
+            run_controller(self.orphan_claims, claims::reconcile, ctx),
+            run_controller(self.templates, metal3data::template::reconcile, ctx),
+            run_controller(self.datas, metal3data::data::reconcile, ctx),
+            run_controller(
+                self.orphan_data_claims,
+                metal3data::template::reconcile_claim,
+                ctx,
+            ),
+        );
+        future::join(ipam, rest).await;
+    }
+}
+
+/// Turns a controller on (configured) or off, by its group.
+struct Switch<'a> {
+    config: &'a ControllerConfig,
+    stopped: &'a tokio::sync::watch::Receiver<bool>,
+    ctx: &'a Context,
+}
+
+impl Switch<'_> {
+    fn when<K>(&self, group_on: bool, controller: Option<Controller<K>>) -> Option<Controller<K>>
+    where
+        K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    {
+        controller
+            .filter(|_| group_on)
+            .map(|c| configure(c, self.config, self.stopped, self.ctx))
+    }
+}
+
+/// Runs `controller` (if it is on) with `reconcile`, guarded, until it stops.
+async fn run_controller<K, R, Fut>(
+    controller: Option<Controller<K>>,
+    reconcile: R,
+    ctx: &Arc<Context>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    R: Fn(Arc<K>, Arc<Context>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    if let Some(controller) = controller {
+        let run = controller.run(
+            move |object, ctx| guarded(object, ctx, reconcile.clone()),
+            error_policy,
+            ctx.clone(),
+        );
+        drive(run).await;
+    }
 }
 
 /// Runs every controller until `shutdown` completes.
@@ -233,237 +455,26 @@ pub async fn run(
         // Retried by every pool that needs its ledger.
         tracing::warn!(namespace = %settings.ledger_namespace, error = %e, "cannot create the ledger namespace yet");
     }
-    let namespace = settings.namespace.clone();
-    let ns = namespace.as_deref();
-
-    let mut caches = Caches {
-        claims: Shared::new(),
-        addresses: Shared::new(),
-        ipclaims: Shared::new(),
-        metal3_addresses: Shared::new(),
-        clusters: crd_exists(&client, "clusters.cluster.x-k8s.io")
-            .await
-            .then(Shared::new),
-    };
-    if caches.clusters.is_none() {
-        tracing::info!(
-            "Cluster API core is not installed: claims are never paused through a Cluster"
-        );
-    }
-    let mut pools = Shared::<InClusterIPPool>::new();
-    let mut global_pools = Shared::<GlobalInClusterIPPool>::new();
-    let mut prefix_pools = Shared::<InClusterPrefixPool>::new();
-    let mut global_prefix_pools = Shared::<GlobalInClusterPrefixPool>::new();
-    let mut ippools = Shared::<IPPool>::new();
-    let mut data_templates = Shared::<Metal3DataTemplate>::new();
-    let mut datas = Shared::<Metal3Data>::new();
-    let mut data_claims = Shared::<Metal3DataClaim>::new();
-
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        settings: settings.clone(),
-        claims: caches.claims.store.clone(),
-        addresses: caches.addresses.store.clone(),
-        clusters: caches.clusters.as_ref().map(|c| c.store.clone()),
-        pools: pools.store.clone(),
-        global_pools: global_pools.store.clone(),
-        prefix_pools: prefix_pools.store.clone(),
-        global_prefix_pools: global_prefix_pools.store.clone(),
-        ippools: ippools.store.clone(),
-        ipclaims: caches.ipclaims.store.clone(),
-        metal3_addresses: caches.metal3_addresses.store.clone(),
-        data_templates: data_templates.store.clone(),
-        datas: datas.store.clone(),
-        data_claims: data_claims.store.clone(),
-        ops,
-        state: Default::default(),
-    });
+    let mut caches = Caches::new(&client).await;
+    let ctx = Arc::new(caches.context(&client, &settings, ops));
     let synced = ctx.clone();
     tokio::spawn(async move {
         synced.wait_for_caches().await;
         synced.ops.mark_caches_synced();
         tracing::info!("watch caches synced");
     });
-
-    let config = ControllerConfig::default()
-        .debounce(Duration::from_millis(100))
-        .concurrency(settings.concurrency);
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let groups = settings.groups;
-    let in_cluster = pool_controller(&pools, &caches, &ctx)
-        .filter(|_| groups.capi_ipam)
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let global = pool_controller(&global_pools, &caches, &ctx)
-        .filter(|_| groups.capi_ipam)
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let prefix = pool_controller(&prefix_pools, &caches, &ctx)
-        .filter(|_| groups.capi_ipam)
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let global_prefix = pool_controller(&global_prefix_pools, &caches, &ctx)
-        .filter(|_| groups.capi_ipam)
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let metal3 = pool_controller(&ippools, &caches, &ctx)
-        .filter(|_| groups.metal3_pools())
-        .map(|c| configure(c, &config, &stopped, &ctx));
-    let orphan_claims = caches
-        .claims
-        .subscribe()
-        .filter(|_| groups.capi_ipam || groups.metal3_ipam)
-        .map(|trigger| {
-            let controller = Controller::for_shared_stream(trigger, caches.claims.store.clone());
-            configure(controller, &config, &stopped, &ctx)
-        });
-    let template_controller =
-        metal3data::template_controller(&data_templates, &datas, &data_claims)
-            .filter(|_| groups.metal3_data)
-            .map(|c| configure(c, &config, &stopped, &ctx));
-    let orphan_data_claims =
-        metal3data::orphan_data_claim_controller(&data_claims, &data_templates, &ctx)
-            .filter(|_| groups.metal3_data)
-            .map(|c| configure(c, &config, &stopped, &ctx));
-    let data_controller = metal3data::data_controller(&datas, &data_claims, &caches, &ctx)
-        .filter(|_| groups.metal3_data)
-        .map(|c| configure(c, &config, &stopped, &ctx));
+    let controllers = Controllers::new(&caches, &ctx, &stopped);
+    caches.start(&client, &settings);
 
-    caches
-        .claims
-        .start(api(&client, ns), watch_config(&settings, true));
-    caches
-        .addresses
-        .start(api(&client, ns), watch_config(&settings, false));
-    if let Some(clusters) = caches.clusters.as_mut() {
-        clusters.start(api(&client, ns), watch_config(&settings, false));
-    }
-    pools.start(api(&client, ns), watch_config(&settings, true));
-    global_pools.start(Api::all(client.clone()), watch_config(&settings, true));
-    prefix_pools.start(api(&client, ns), watch_config(&settings, true));
-    global_prefix_pools.start(Api::all(client.clone()), watch_config(&settings, true));
-    // Kinds of a group that is off may have no CRD: their caches stay empty and unwatched.
-    if groups.metal3_kinds() {
-        caches
-            .ipclaims
-            .start(api(&client, ns), watch_config(&settings, true));
-        caches
-            .metal3_addresses
-            .start(api(&client, ns), watch_config(&settings, false));
-        ippools.start(api(&client, ns), watch_config(&settings, true));
-    }
-    if groups.metal3_data {
-        data_templates.start(api(&client, ns), watch_config(&settings, true));
-        datas.start(api(&client, ns), watch_config(&settings, true));
-        data_claims.start(api(&client, ns), watch_config(&settings, true));
-    }
-
-    let in_cluster = async {
-        if let Some(c) = in_cluster {
-            drive(c.run(
-                |o, c| guarded(o, c, pool::reconcile::<InClusterIPPool>),
-                error_policy,
-                ctx.clone(),
-            ))
-            .await;
-        }
-    };
-    let global = async {
-        if let Some(c) = global {
-            drive(c.run(
-                |o, c| guarded(o, c, pool::reconcile::<GlobalInClusterIPPool>),
-                error_policy,
-                ctx.clone(),
-            ))
-            .await;
-        }
-    };
-    let prefix = async {
-        if let Some(c) = prefix {
-            drive(c.run(
-                |o, c| guarded(o, c, pool::reconcile::<InClusterPrefixPool>),
-                error_policy,
-                ctx.clone(),
-            ))
-            .await;
-        }
-    };
-    let global_prefix = async {
-        if let Some(c) = global_prefix {
-            drive(c.run(
-                |o, c| guarded(o, c, pool::reconcile::<GlobalInClusterPrefixPool>),
-                error_policy,
-                ctx.clone(),
-            ))
-            .await;
-        }
-    };
-    let metal3 = async {
-        if let Some(c) = metal3 {
-            drive(c.run(
-                |o, c| guarded(o, c, proxy::reconcile),
-                error_policy,
-                ctx.clone(),
-            ))
-            .await;
-        }
-    };
-    let orphan_claims = async {
-        if let Some(c) = orphan_claims {
-            drive(c.run(
-                |o, c| guarded(o, c, claims::reconcile),
-                error_policy,
-                ctx.clone(),
-            ))
-            .await;
-        }
-    };
-    let metal3_data = async {
-        let templates = async {
-            if let Some(c) = template_controller {
-                drive(c.run(
-                    |o, c| guarded(o, c, metal3data::template::reconcile),
-                    error_policy,
-                    ctx.clone(),
-                ))
-                .await;
-            }
-        };
-        let datas = async {
-            if let Some(c) = data_controller {
-                drive(c.run(
-                    |o, c| guarded(o, c, metal3data::data::reconcile),
-                    error_policy,
-                    ctx.clone(),
-                ))
-                .await;
-            }
-        };
-        let orphans = async {
-            if let Some(c) = orphan_data_claims {
-                drive(c.run(
-                    |o, c| guarded(o, c, metal3data::template::reconcile_claim),
-                    error_policy,
-                    ctx.clone(),
-                ))
-                .await;
-            }
-        };
-        future::join3(templates, datas, orphans).await;
-    };
     let stopping = ctx.clone();
     let stop_on_shutdown = async move {
         shutdown.await;
         stopping.begin_shutdown();
         let _ = stop.send(true);
     };
-    tracing::info!(namespace = ?ns, watch_filter = ?settings.watch_filter, groups = ?groups, "controllers started");
-    future::join(
-        future::join4(
-            future::join3(in_cluster, global, prefix),
-            future::join(global_prefix, metal3),
-            orphan_claims,
-            metal3_data,
-        ),
-        stop_on_shutdown,
-    )
-    .await;
+    tracing::info!(namespace = ?settings.namespace, watch_filter = ?settings.watch_filter, groups = ?settings.groups, "controllers started");
+    future::join(controllers.run(&ctx), stop_on_shutdown).await;
 }
 
 /// Every controller's settings: concurrency and debounce, stopping with the process, and a
