@@ -41,7 +41,7 @@ echo "demo: bitpool running (pid $pid, log $log)" >&2
 
 kubectl apply -f config/samples/demo.yaml >&2
 deadline=$((SECONDS + 60))
-until [ "$(kubectl -n bitpool-demo get ipaddressclaims -o jsonpath='{range .items[*]}{.status.addressRef.name}{" "}{end}' | wc -w)" = 4 ]; do
+until [ "$(kubectl -n bitpool-demo get ipaddressclaims -o jsonpath='{range .items[*]}{.status.addressRef.name}{" "}{end}' | wc -w)" = 5 ]; do
   if [ $SECONDS -ge $deadline ]; then
     echo "demo: claims did not get addresses within 60 s; bitpool's log:" >&2
     tail -n 30 "$log" >&2
@@ -53,6 +53,8 @@ done
 
 echo
 kubectl -n bitpool-demo get inclusterippools
+echo
+kubectl -n bitpool-demo get inclusterprefixpools
 echo
 kubectl -n bitpool-demo get ipaddressclaims \
   -o custom-columns='CLAIM:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,REASON:.status.conditions[?(@.type=="Ready")].reason,ADDRESS:.status.addressRef.name'
