@@ -1,7 +1,7 @@
 //! Prefix pools (InClusterPrefixPool, GlobalInClusterPrefixPool) against a real API server,
 //! driven by real `bitpool run` processes: the IPAddress a claim gets, exhaustion and recovery,
-//! requested and preallocated sub-prefixes, both families, an invalid spec, and two processes
-//! racing while one is killed.
+//! requested and preallocated sub-prefixes, both families, an invalid spec, a pool's deletion,
+//! and two processes racing while one is killed.
 
 mod support;
 
@@ -75,7 +75,7 @@ async fn wait_counts(env: &Env, name: &str, expected: (i64, i64, i64, i64)) {
 }
 
 #[tokio::test]
-async fn an_ipv6_claim_gets_a_sub_prefix_and_waits_for_one_when_the_pool_is_exhausted() {
+async fn an_ipv6_claim_gets_a_sub_prefix_waits_when_the_pool_is_exhausted_or_paused() {
     let Some(env) = Env::new("prefix-v6").await else {
         return;
     };
@@ -131,11 +131,46 @@ async fn an_ipv6_claim_gets_a_sub_prefix_and_waits_for_one_when_the_pool_is_exha
     assert_eq!(sub_prefix_of(&env, "d").await, "fd00:10:0:2::/64");
     wait_counts(&env, "v6", (3, 3, 0, 0)).await;
     assert_quiet_at_rest(&env, 3).await;
+
+    // A paused pool releases nothing until resumed (a pool beside it serves on).
+    let pools: Api<InClusterPrefixPool> = env.api();
+    let pause = |value: serde_json::Value| {
+        Patch::Merge(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}}))
+    };
+    pools
+        .patch("v6", &PatchParams::default(), &pause(json!("")))
+        .await
+        .expect("pause the pool");
+    prefix_pool(&env, "spare", prefix_spec(&["fd00:11::/63"], 64)).await;
+    claims
+        .delete("c", &DeleteParams::default())
+        .await
+        .expect("delete c");
+    create(&claims, &prefix_claim(&env, "control", KIND, "spare")).await;
+    served(&env, "control").await;
+    let held = claims
+        .get("c")
+        .await
+        .expect("c is held while its pool is paused");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    pools
+        .patch(
+            "v6",
+            &PatchParams::default(),
+            &pause(serde_json::Value::Null),
+        )
+        .await
+        .expect("resume the pool");
+    eventually("c released once its pool resumed", WAIT, || async {
+        matches!(claims.get_opt("c").await, Ok(None)).then_some(())
+    })
+    .await;
+    wait_counts(&env, "v6", (3, 2, 1, 0)).await;
     assert_warnings_name_objects(&bitpool);
 }
 
 #[tokio::test]
-async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_when_invalid() {
+async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_until_deleted() {
     let Some(env) = Env::new("prefix-v4").await else {
         return;
     };
@@ -205,6 +240,34 @@ async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_wh
     for name in ["pinned", "asked", "plain"] {
         served(&env, name).await;
     }
+
+    // Deleting the pool waits for its sub-prefixes, then takes its ledger with it.
+    pools
+        .delete(&pool, &DeleteParams::default())
+        .await
+        .expect("delete the pool");
+    let waiting = eventually("the pool waits for its sub-prefixes", WAIT, || async {
+        let pool = pools.get(&pool).await.ok()?;
+        pool.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "Deleting")
+    })
+    .await;
+    assert!(
+        waiting.message.contains("waiting for 3 address(es)"),
+        "{}",
+        waiting.message
+    );
+    delete_all_claims(&claims).await;
+    let ledgers: Api<k8s_openapi::api::core::v1::ConfigMap> = env.api();
+    let ledger = env.ledger_name(GLOBAL_KIND, &pool);
+    eventually("the pool and its ledger are gone", WAIT, || async {
+        let pool_gone = matches!(pools.get_opt(&pool).await, Ok(None));
+        let ledger_gone = matches!(ledgers.get_opt(&ledger).await, Ok(None));
+        (pool_gone && ledger_gone).then_some(())
+    })
+    .await;
 }
 
 /// Every claim of `pools` Ready with its own IPAddress, no sub-prefix twice within a pool, and
