@@ -82,6 +82,11 @@ impl Numbering {
         self.family.address(shift_up(value, self.host_bits()))
     }
 
+    /// Sub-prefix `number` as people write it: `network/length`.
+    pub fn sub_prefix(self, number: IpAddr) -> String {
+        format!("{}/{}", self.network(number), self.length)
+    }
+
     /// Reads a sub-prefix as a claim or a preallocation names it: `network/length` or the bare
     /// network address.
     pub fn parse(self, text: &str) -> Option<IpAddr> {

@@ -61,8 +61,7 @@ fn numbering(spec: &InClusterPrefixPoolSpec, family: Family) -> Numbering {
 
 /// `network/length` of sub-prefix `number`.
 fn show(spec: &InClusterPrefixPoolSpec, number: IpAddr) -> String {
-    let numbering = numbering(spec, Family::of(number));
-    format!("{}/{}", numbering.network(number), numbering.length)
+    numbering(spec, Family::of(number)).sub_prefix(number)
 }
 
 /// A claim's `ipAddress` annotation as a sub-prefix number: `network/length` or the bare

@@ -120,7 +120,7 @@ pub fn prefix_pool_update(
             .filter(|a| alloc::Family::of(*a) == numbering.family)
             .map(|a| numbering.containing(a))
     };
-    let show = |number| format!("{}/{}", numbering.network(number), numbering.length);
+    let show = |number| numbering.sub_prefix(number);
     shrink_of(held, old.as_ref().map(|(l, _)| l), layout, held_as, show)
 }
 
@@ -312,9 +312,8 @@ pub fn requested_prefix(value: Option<&str>, pool: Option<&(Layout, Numbering)>)
             numbering.length
         )],
         Some(number) if !layout.contains(number) => vec![format!(
-            "metadata.annotations[{annotation}]: {}/{} is not a sub-prefix of the pool",
-            numbering.network(number),
-            numbering.length
+            "metadata.annotations[{annotation}]: {} is not a sub-prefix of the pool",
+            numbering.sub_prefix(number)
         )],
         Some(_) => Vec::new(),
     }
