@@ -100,6 +100,41 @@ pub enum AllocError {
 }
 
 impl AllocError {
+    /// The same refusal with every address it names passed through `f` (a prefix pool names
+    /// sub-prefixes by their network addresses, not the numbers its space holds). Exhaustive: a
+    /// new variant that names an address must say how it maps.
+    pub fn map_addresses(self, f: impl Fn(IpAddr) -> IpAddr) -> Self {
+        use AllocError::*;
+        match self {
+            Exhausted => Exhausted,
+            RequestedUnparseable { value } => RequestedUnparseable { value },
+            RequestedNotASubPrefix { value, length } => RequestedNotASubPrefix { value, length },
+            RequestedOutsidePool { address } => RequestedOutsidePool {
+                address: f(address),
+            },
+            RequestedInUse { address } => RequestedInUse {
+                address: f(address),
+            },
+            RequestedPreallocated { address, holder } => RequestedPreallocated {
+                address: f(address),
+                holder,
+            },
+            ConflictsWithPreAllocation {
+                requested,
+                preallocated,
+            } => ConflictsWithPreAllocation {
+                requested: f(requested),
+                preallocated: f(preallocated),
+            },
+            PreAllocatedInUse { address } => PreAllocatedInUse {
+                address: f(address),
+            },
+            PreAllocationOutOfBounds { address } => PreAllocationOutOfBounds {
+                address: f(address),
+            },
+        }
+    }
+
     /// True when only the pool or its other claims can clear this (waiting helps); false when
     /// the claim itself must change.
     pub fn is_exhaustion(&self) -> bool {

@@ -21,6 +21,14 @@ use super::space::AddressSpace;
 /// Upstream's allocation length when the spec leaves it out (or sets 0).
 pub const DEFAULT_ALLOCATION_LENGTH: i64 = 64;
 
+/// `allocationPrefixLength` as written, defaulted as upstream does.
+pub fn effective_length(allocation_prefix_length: i64) -> i64 {
+    match allocation_prefix_length {
+        0 => DEFAULT_ALLOCATION_LENGTH,
+        length => length,
+    }
+}
+
 /// An InClusterPrefixPool or GlobalInClusterPrefixPool spec.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PrefixPool {
@@ -138,10 +146,7 @@ fn number_ranges(prefixes: &[Cidr], numbering: Numbering) -> Result<Vec<(u128, u
 impl PrefixPool {
     /// The allocation length as the spec gives it, defaulted.
     pub fn effective_length(&self) -> i64 {
-        match self.allocation_prefix_length {
-            0 => DEFAULT_ALLOCATION_LENGTH,
-            length => length,
-        }
+        effective_length(self.allocation_prefix_length)
     }
 
     /// The pool as an address space over sub-prefix numbers, and the numbering that names them.

@@ -42,10 +42,7 @@ pub fn to_alloc(spec: &InClusterPrefixPoolSpec) -> alloc::PrefixPool {
 /// The allocation length, defaulted as upstream does (asked once per address object: no copy of
 /// the spec).
 fn allocation_length(spec: &InClusterPrefixPoolSpec) -> i64 {
-    match spec.allocation_prefix_length {
-        0 => alloc::prefix::DEFAULT_ALLOCATION_LENGTH,
-        length => i64::from(length),
-    }
+    alloc::prefix::effective_length(i64::from(spec.allocation_prefix_length))
 }
 
 /// The numbering of `family`'s sub-prefixes at the spec's allocation length. It is known even
@@ -81,38 +78,12 @@ fn requested(spec: &InClusterPrefixPoolSpec, text: &str) -> Result<String, Alloc
 
 /// A refusal naming sub-prefixes by their network addresses instead of their numbers.
 fn explain(spec: &InClusterPrefixPoolSpec, refusal: Refusal) -> Refusal {
-    let network = |number: IpAddr| numbering(spec, Family::of(number)).network(number);
-    let Refusal::Alloc(error) = refusal else {
-        return refusal;
-    };
-    Refusal::Alloc(match error {
-        AllocError::RequestedOutsidePool { address } => AllocError::RequestedOutsidePool {
-            address: network(address),
-        },
-        AllocError::RequestedInUse { address } => AllocError::RequestedInUse {
-            address: network(address),
-        },
-        AllocError::RequestedPreallocated { address, holder } => {
-            AllocError::RequestedPreallocated {
-                address: network(address),
-                holder,
-            }
-        }
-        AllocError::ConflictsWithPreAllocation {
-            requested,
-            preallocated,
-        } => AllocError::ConflictsWithPreAllocation {
-            requested: network(requested),
-            preallocated: network(preallocated),
-        },
-        AllocError::PreAllocatedInUse { address } => AllocError::PreAllocatedInUse {
-            address: network(address),
-        },
-        AllocError::PreAllocationOutOfBounds { address } => AllocError::PreAllocationOutOfBounds {
-            address: network(address),
-        },
+    match refusal {
+        Refusal::Alloc(error) => Refusal::Alloc(
+            error.map_addresses(|number| numbering(spec, Family::of(number)).network(number)),
+        ),
         other => other,
-    })
+    }
 }
 
 /// The spec and status both prefix pool kinds share.
