@@ -63,3 +63,13 @@ pub enum AllocationStrategy {
     /// Uniform over the free addresses.
     Random,
 }
+
+impl AllocationStrategy {
+    /// The allocation core's strategy for a spec's optional choice (unset: sequential).
+    pub fn for_core(choice: Option<Self>) -> crate::alloc::Strategy {
+        match choice {
+            Some(AllocationStrategy::Random) => crate::alloc::Strategy::Random,
+            Some(AllocationStrategy::Sequential) | None => crate::alloc::Strategy::Sequential,
+        }
+    }
+}

@@ -30,10 +30,7 @@ pub fn to_alloc(spec: &InClusterIPPoolSpec) -> alloc::CapiPool {
         excluded_addresses: spec.excluded_addresses.clone(),
         allocate_reserved: spec.allocate_reserved_ip_addresses,
         pre_allocations: spec.pre_allocations.clone(),
-        strategy: match spec.allocation_strategy {
-            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
-            _ => alloc::Strategy::Sequential,
-        },
+        strategy: AllocationStrategy::for_core(spec.allocation_strategy),
         dns_servers: spec.dns_servers.clone(),
     }
 }

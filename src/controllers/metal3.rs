@@ -45,10 +45,7 @@ pub fn to_alloc(pool: &IPPool) -> Metal3Pool {
         gateway: pool.spec.gateway.clone(),
         dns_servers: pool.spec.dns_servers.clone(),
         pre_allocations: pool.spec.pre_allocations.clone(),
-        strategy: match pool.spec.allocation_strategy {
-            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
-            _ => alloc::Strategy::Sequential,
-        },
+        strategy: AllocationStrategy::for_core(pool.spec.allocation_strategy),
     }
 }
 

@@ -32,10 +32,7 @@ pub fn to_alloc(spec: &InClusterPrefixPoolSpec) -> alloc::PrefixPool {
         excluded_prefixes: spec.excluded_prefixes.clone(),
         gateway: spec.gateway.clone(),
         pre_allocations: spec.pre_allocations.clone(),
-        strategy: match spec.allocation_strategy {
-            Some(AllocationStrategy::Random) => alloc::Strategy::Random,
-            _ => alloc::Strategy::Sequential,
-        },
+        strategy: AllocationStrategy::for_core(spec.allocation_strategy),
     }
 }
 
