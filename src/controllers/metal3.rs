@@ -16,7 +16,7 @@ use serde_json::json;
 use super::Context;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::objects;
-use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
+use super::pool::{AddressKinds, FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease, Metal3Entry, Metal3Pool};
 use crate::api::capi::Cluster;
 use crate::api::metal3_ipam::{
@@ -105,6 +105,7 @@ impl IPPool {
 }
 
 impl PoolDialect for IPPool {
+    const ADDRESS_KINDS: AddressKinds = AddressKinds::CapiAndMetal3;
     const FINALIZER: &'static str = POOL_FINALIZER;
 
     fn api_for(&self, client: Client) -> Api<Self> {

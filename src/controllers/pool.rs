@@ -185,6 +185,9 @@ pub trait PoolDialect:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize + Send + Sync + 'static
 {
     const FINALIZER: &'static str;
+    /// The address kinds this pool's addresses can be of. Only Metal3 IPPools hold Metal3
+    /// IPAddresses, and a cluster that runs no Metal3 controller need not have their CRD.
+    const ADDRESS_KINDS: AddressKinds = AddressKinds::Capi;
 
     fn key(&self) -> PoolKey {
         PoolKey {
@@ -268,25 +271,35 @@ pub struct FreshAddresses {
     pub metal3: Vec<Arc<metal3_ipam::Metal3IPAddress>>,
 }
 
-/// Every address object of `namespace` (all namespaces for `None`), read from the server. Metal3
-/// pools are namespaced: there are no Metal3 addresses of a cluster-scoped pool.
+/// Which address kinds a pool's addresses can be of, and so which are read for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddressKinds {
+    /// IPAddresses of the Cluster API contract only.
+    Capi,
+    /// Metal3 IPAddresses as well (Metal3 IPPools serve both claim kinds).
+    CapiAndMetal3,
+}
+
+/// Every address object of `namespace` (all namespaces for `None`) of `kinds`, read from the
+/// server. Metal3 pools are namespaced: there are no Metal3 addresses of a cluster-scoped pool.
 pub async fn fresh_addresses(
     client: &kube::Client,
     namespace: Option<&str>,
+    kinds: AddressKinds,
 ) -> Result<FreshAddresses, kube::Error> {
     let capi: Api<capi::IPAddress> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     let capi = capi.list(&Default::default()).await?.items;
-    let metal3 = match namespace {
-        Some(ns) => {
+    let metal3 = match (namespace, kinds) {
+        (Some(ns), AddressKinds::CapiAndMetal3) => {
             Api::<metal3_ipam::Metal3IPAddress>::namespaced(client.clone(), ns)
                 .list(&Default::default())
                 .await?
                 .items
         }
-        None => Vec::new(),
+        _ => Vec::new(),
     };
     Ok(FreshAddresses {
         capi: capi.into_iter().map(Arc::new).collect(),
@@ -298,9 +311,13 @@ pub(super) async fn fresh_pool_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
 ) -> Result<Vec<AnyAddress>, Error> {
-    let fresh = fresh_addresses(&ctx.client, pool.key().namespace.as_deref())
-        .await
-        .map_err(Error::Kube)?;
+    let fresh = fresh_addresses(
+        &ctx.client,
+        pool.key().namespace.as_deref(),
+        P::ADDRESS_KINDS,
+    )
+    .await
+    .map_err(Error::Kube)?;
     Ok(pool.addresses(ctx, Some(&fresh)))
 }
 

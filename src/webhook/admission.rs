@@ -18,7 +18,7 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
-use crate::controllers::pool::{PoolKey, fresh_addresses};
+use crate::controllers::pool::{AddressKinds, PoolKey, fresh_addresses};
 
 /// Why a request could not be judged (the API server applies the webhook's failure policy).
 #[derive(Debug, thiserror::Error)]
@@ -328,12 +328,12 @@ impl Webhooks {
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Vec<Held>, AdmissionError> {
-        let group = if kind == "IPPool" {
-            metal3_ipam::GROUP
+        let (group, kinds) = if kind == "IPPool" {
+            (metal3_ipam::GROUP, AddressKinds::CapiAndMetal3)
         } else {
-            capi::GROUP
+            (capi::GROUP, AddressKinds::Capi)
         };
-        let fresh = fresh_addresses(&self.client, namespace)
+        let fresh = fresh_addresses(&self.client, namespace, kinds)
             .await
             .map_err(|source| AdmissionError::Read {
                 what: "address objects".into(),
