@@ -144,16 +144,35 @@ fn in_cluster_provider_rules() {
 }
 
 #[test]
-fn addresses_and_gateway_outside_the_subnet_are_refused() {
+fn addresses_outside_the_subnet_are_refused_a_gateway_outside_it_is_not() {
     // Upstream's webhook: "provided address belongs to a different subnet than others".
     let spanning = AddressSpace::capi(&capi(&["10.0.1.0", "10.0.0.255"], 24))
         .expect_err("two subnets in one pool");
     assert!(spanning.to_string().contains("addresses[0]"), "{spanning}");
     assert!(spanning.to_string().contains("10.0.0.0/24"), "{spanning}");
-    let mut gateway = capi(&["10.0.0.0/24"], 24);
+    // Upstream asks only that a gateway parse and be of the pool's family.
+    let mut gateway = capi(&["10.0.0.50/24"], 24);
     gateway.gateway = Some("10.0.1.1".into());
-    let error = AddressSpace::capi(&gateway).expect_err("a gateway in another subnet");
-    assert!(error.to_string().starts_with("gateway:"), "{error}");
+    let space = AddressSpace::capi(&gateway).expect("a gateway in another subnet is valid");
+    assert_eq!(space.counts().total, 254);
+    assert_eq!(
+        gateway.gateway_outside_subnet().as_deref(),
+        Some("10.0.0.0/24")
+    );
+    // An IPv6 link-local gateway beside the last /120 of a subnet; never handed out.
+    let mut v6 = capi(&["fe80::ffff/120"], 120);
+    v6.gateway = Some("fe80::a".into());
+    let mut space = AddressSpace::capi(&v6).expect("valid spec");
+    assert_eq!(space.counts().total, 255);
+    let lease = space.allocate("c", None, &mut rng()).expect("an address");
+    assert_eq!(
+        lease.address,
+        "fe80::ff01".parse::<std::net::IpAddr>().unwrap()
+    );
+    assert_eq!(lease.gateway, Some("fe80::a".parse().unwrap()));
+    v6.gateway = Some("fe80::ff80".into());
+    assert_eq!(v6.gateway_outside_subnet(), None);
+    assert_eq!(AddressSpace::capi(&v6).expect("valid").counts().total, 254);
     // prefix 0 puts every address in one subnet (upstream allows it for scattered addresses).
     assert!(AddressSpace::capi(&capi(&["203.0.113.7", "198.51.100.9"], 0)).is_ok());
 }

@@ -27,7 +27,7 @@ pub enum SpecError {
     #[error("the pool has no addresses")]
     NoAddresses,
     #[error(
-        "{field}: {value:?} is outside the pool's subnet {subnet} (its lowest address and prefix); a pool's addresses and gateway belong to one subnet"
+        "{field}: {value:?} is outside the pool's subnet {subnet} (its lowest address and prefix); a pool's addresses belong to one subnet"
     )]
     OutsideSubnet {
         field: String,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::error::SpecError;
-use super::family::{self, EntryError, Family, Range};
+use super::family::{self, EntryError, Family, Range, parse_address};
 
 /// How the next address is picked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -296,9 +296,30 @@ pub(super) fn place_pre_allocations(
 }
 
 impl CapiPool {
+    /// The subnet `<lowest address>/<prefix>` when the gateway lies outside it: valid, as
+    /// upstream has it, but worth a warning. `None` for a gateway inside, none, or a spec whose
+    /// layout fails anyway.
+    pub fn gateway_outside_subnet(&self) -> Option<String> {
+        let gateway = parse_address(self.gateway.as_deref()?)?;
+        let family = Family::of(gateway);
+        let lowest = self
+            .addresses
+            .iter()
+            .map(|text| family::parse_entry(text).ok())
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .filter(|range| range.family == family)
+            .map(|range| range.first)
+            .min()?;
+        let prefix = prefix(self.prefix, family).ok()?;
+        let (first, last) = family.subnet_bounds(lowest, prefix);
+        let value = family::to_value(gateway);
+        (value < first || value > last).then(|| format!("{}/{prefix}", family.address(first)))
+    }
+
     /// The in-cluster provider's rules: entries sorted and merged, minus `excludedAddresses`,
     /// minus the network address of `<lowest address>/<prefix>` (and on IPv4 its broadcast
-    /// address) unless `allocateReservedIPAddresses`, minus the gateway.
+    /// address) unless `allocateReservedIPAddresses`, minus the gateway (wherever it is).
     pub fn layout(&self) -> Result<Layout, SpecError> {
         let mut families = FamilyCheck { family: None };
         let mut ranges = Vec::new();
@@ -346,15 +367,11 @@ impl CapiPool {
             .filter(|g| !g.is_empty())
             .map(|g| address("gateway", g, &mut families))
             .transpose()?;
+        // Upstream asks only that the gateway parse and be of the pool's family: a gateway
+        // outside the subnet (an IPv6 link-local one, a router of another segment) is valid,
+        // and is kept out of the addresses wherever it is.
         if let Some(gateway) = gateway {
             let value = family::to_value(gateway);
-            if value < subnet.0 || value > subnet.1 {
-                return Err(SpecError::OutsideSubnet {
-                    field: "gateway".into(),
-                    value: gateway.to_string(),
-                    subnet: show_subnet(),
-                });
-            }
             removed.push((value, value));
         }
         let dns_servers = addresses("dnsServers", &self.dns_servers, &mut families)?;

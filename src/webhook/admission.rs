@@ -43,7 +43,7 @@ impl Webhooks {
         let response = match phase {
             Phase::Mutate => mutate(&request, response),
             Phase::Validate => match self.validate(&request).await {
-                Ok(problems) if problems.is_empty() => response,
+                Ok(problems) if problems.is_empty() => warn(&request, response),
                 Ok(problems) => {
                     let message = problems.join("; ");
                     tracing::info!(kind = %request.kind.kind, object = %describe(&request), operation = ?request.operation, reason = %message, "admission denied");
@@ -75,6 +75,39 @@ impl Webhooks {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// Adds the warnings a valid object earns (kubectl prints them on apply).
+fn warn(
+    request: &AdmissionRequest<DynamicObject>,
+    mut response: AdmissionResponse,
+) -> AdmissionResponse {
+    let kind = request.kind.kind.as_str();
+    if request.operation == Operation::Delete {
+        return response;
+    }
+    let spec = match (request.kind.group.as_str(), kind) {
+        (capi::GROUP, "InClusterIPPool") => {
+            decode::<InClusterIPPool>(kind, request.object.as_ref())
+                .ok()
+                .flatten()
+                .map(|p| p.spec)
+        }
+        (capi::GROUP, "GlobalInClusterIPPool") => {
+            decode::<GlobalInClusterIPPool>(kind, request.object.as_ref())
+                .ok()
+                .flatten()
+                .map(|p| p.spec.pool)
+        }
+        _ => None,
+    };
+    let warnings = spec
+        .map(|s| rules::capi_pool_warnings(&s))
+        .unwrap_or_default();
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    response
 }
 
 fn describe(request: &AdmissionRequest<DynamicObject>) -> String {

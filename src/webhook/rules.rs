@@ -81,6 +81,21 @@ pub fn capi_pool(spec: &InClusterIPPoolSpec) -> Result<Layout, Vec<String>> {
         .map_err(|e| vec![spec_error(&e)])
 }
 
+/// What an InClusterIPPool or GlobalInClusterIPPool may have but is worth a second look: a
+/// gateway outside the pool's subnet (valid, as upstream has it: link-local IPv6 gateways are).
+pub fn capi_pool_warnings(spec: &InClusterIPPoolSpec) -> Vec<String> {
+    capi::to_alloc(spec)
+        .gateway_outside_subnet()
+        .map(|subnet| {
+            format!(
+                "spec.gateway: {} is outside the pool's subnet {subnet}; it is kept out of the pool and written on every IPAddress as it is",
+                spec.gateway.as_deref().unwrap_or_default()
+            )
+        })
+        .into_iter()
+        .collect()
+}
+
 /// InClusterPrefixPool and GlobalInClusterPrefixPool, on create and update: the layout over
 /// sub-prefix numbers and their numbering.
 pub fn prefix_pool(spec: &InClusterPrefixPoolSpec) -> Result<(Layout, Numbering), Vec<String>> {
