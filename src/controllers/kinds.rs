@@ -444,6 +444,21 @@ impl AnyAddress {
         }
     }
 
+    /// Merge-patches the object (its metadata).
+    pub async fn merge_patch(&self, ctx: &Context, patch: serde_json::Value) -> Result<(), Error> {
+        let ns = self.meta().namespace.clone().unwrap_or_default();
+        match self {
+            AnyAddress::Capi(a) => {
+                let api = Api::<IPAddress>::namespaced(ctx.client.clone(), &ns);
+                objects::merge_patch(&api, &a.name_any(), patch).await
+            }
+            AnyAddress::Metal3(a) => {
+                let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns);
+                objects::merge_patch(&api, &a.name_any(), patch).await
+            }
+        }
+    }
+
     /// Removes `finalizer`, deletes the object, and reports whether it is gone.
     pub async fn delete(&self, ctx: &Context, finalizer: &str) -> Result<bool, Error> {
         let ns = self.meta().namespace.clone().unwrap_or_default();

@@ -210,6 +210,73 @@ pub fn owner_reference<K: Resource<DynamicType = ()>>(
     })
 }
 
+/// The API group of an `apiVersion` (`""` for the core group).
+fn api_group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
+}
+
+/// Whether two owner references name the same owner: kind, API group and name (a restored
+/// owner has a new UID, and another version of its API names the same object).
+fn same_owner(a: &OwnerReference, b: &OwnerReference) -> bool {
+    a.kind == b.kind && a.name == b.name && api_group(&a.api_version) == api_group(&b.api_version)
+}
+
+/// The merge patch that gives an existing object what `desired` says every such object carries:
+/// its owner references (an outdated reference to the same owner replaced in place, others
+/// kept), finalizers and labels — added, never removed. `None` when nothing is missing. The
+/// patch names the object's resourceVersion: a change made meanwhile fails it with a conflict
+/// instead of being overwritten.
+pub fn adoption_patch(existing: &ObjectMeta, desired: &ObjectMeta) -> Option<serde_json::Value> {
+    let mut owners = existing.owner_references.clone().unwrap_or_default();
+    // An object has at most one controller: a foreign one stays, and ours is added beside it.
+    let foreign_controller = owners.iter().any(|o| {
+        o.controller == Some(true)
+            && !desired
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|d| same_owner(o, d))
+    });
+    for wanted in desired.owner_references.iter().flatten() {
+        let mut wanted = wanted.clone();
+        if foreign_controller {
+            wanted.controller = Some(false);
+        }
+        match owners.iter_mut().find(|o| same_owner(o, &wanted)) {
+            Some(present) => *present = wanted,
+            None => owners.push(wanted),
+        }
+    }
+    let mut finalizers = existing.finalizers.clone().unwrap_or_default();
+    for wanted in desired.finalizers.iter().flatten() {
+        if !finalizers.contains(wanted) {
+            finalizers.push(wanted.clone());
+        }
+    }
+    let labels: BTreeMap<&String, &String> = desired
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(key, value)| existing.labels.as_ref().and_then(|l| l.get(*key)) != Some(value))
+        .collect();
+
+    let mut metadata = serde_json::Map::new();
+    if Some(&owners) != existing.owner_references.as_ref() && !owners.is_empty() {
+        metadata.insert("ownerReferences".into(), json!(owners));
+    }
+    if Some(&finalizers) != existing.finalizers.as_ref() && !finalizers.is_empty() {
+        metadata.insert("finalizers".into(), json!(finalizers));
+    }
+    if !labels.is_empty() {
+        metadata.insert("labels".into(), json!(labels));
+    }
+    if metadata.is_empty() {
+        return None;
+    }
+    metadata.insert("resourceVersion".into(), json!(existing.resource_version));
+    Some(json!({ "metadata": metadata }))
+}
+
 /// Whether the object is paused for bitpool: the pause annotation with any value but
 /// [`labels::HANDED_TO_BITPOOL`] (which pauses everyone else).
 pub fn is_paused(meta: &ObjectMeta) -> bool {
@@ -286,6 +353,105 @@ mod tests {
         ));
         assert_eq!(conditions.len(), 1);
         assert_eq!(conditions[0].status, "True");
+    }
+
+    fn owner(kind: &str, name: &str, uid: &str, controller: bool) -> OwnerReference {
+        OwnerReference {
+            api_version: "ipam.cluster.x-k8s.io/v1beta2".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            controller: Some(controller),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    fn desired() -> ObjectMeta {
+        ObjectMeta {
+            owner_references: Some(vec![
+                owner("IPAddressClaim", "c", "claim-uid", true),
+                owner("InClusterIPPool", "p", "pool-uid", false),
+            ]),
+            finalizers: Some(vec!["ipam.cluster.x-k8s.io/ProtectAddress".into()]),
+            labels: Some(BTreeMap::from([(
+                labels::CLUSTER_NAME.to_string(),
+                "k".to_string(),
+            )])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn adoption_adds_what_is_missing_after_foreign_owners_and_keeps_the_rest() {
+        let foreign = OwnerReference {
+            api_version: "alpha-dummy".into(),
+            kind: "dummy-kind".into(),
+            name: "dummy-name".into(),
+            uid: "abc".into(),
+            ..Default::default()
+        };
+        let existing = ObjectMeta {
+            resource_version: Some("7".into()),
+            owner_references: Some(vec![foreign.clone()]),
+            finalizers: Some(vec!["example.com/keep".into()]),
+            labels: Some(BTreeMap::from([("team".to_string(), "a".to_string())])),
+            ..Default::default()
+        };
+        let patch = adoption_patch(&existing, &desired()).expect("something is missing");
+        let expected_owners = json!([
+            foreign,
+            owner("IPAddressClaim", "c", "claim-uid", true),
+            owner("InClusterIPPool", "p", "pool-uid", false),
+        ]);
+        assert_eq!(patch["metadata"]["ownerReferences"], expected_owners);
+        assert_eq!(
+            patch["metadata"]["finalizers"],
+            json!(["example.com/keep", "ipam.cluster.x-k8s.io/ProtectAddress"])
+        );
+        assert_eq!(
+            patch["metadata"]["labels"],
+            json!({ labels::CLUSTER_NAME: "k" })
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], json!("7"));
+    }
+
+    #[test]
+    fn adoption_of_a_complete_object_writes_nothing() {
+        let mut existing = desired();
+        existing.resource_version = Some("7".into());
+        assert_eq!(adoption_patch(&existing, &desired()), None);
+    }
+
+    #[test]
+    fn adoption_replaces_a_stale_reference_to_the_same_owner_and_defers_to_a_foreign_controller() {
+        // A claim restored from a backup has a new UID; the old reference names the same claim.
+        let mut existing = desired();
+        existing.owner_references = Some(vec![
+            owner("IPAddressClaim", "c", "old-uid", true),
+            owner("InClusterIPPool", "p", "pool-uid", false),
+        ]);
+        let patch = adoption_patch(&existing, &desired()).expect("a stale UID");
+        assert_eq!(
+            patch["metadata"]["ownerReferences"][0]["uid"],
+            json!("claim-uid")
+        );
+        assert_eq!(patch["metadata"].get("finalizers"), None);
+
+        let mut foreign = owner("Machine", "m", "machine-uid", true);
+        foreign.api_version = "cluster.x-k8s.io/v1beta2".into();
+        existing.owner_references = Some(vec![foreign]);
+        let patch = adoption_patch(&existing, &desired()).expect("owners missing");
+        let owners = patch["metadata"]["ownerReferences"]
+            .as_array()
+            .expect("owners");
+        assert_eq!(owners.len(), 3);
+        assert!(
+            owners
+                .iter()
+                .filter(|o| o["controller"] == json!(true))
+                .count()
+                == 1
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
@@ -263,6 +263,25 @@ pub trait PoolDialect:
     }
     /// The pool's status patch from `report`, or `None` when nothing changed.
     fn status_patch(&self, report: &Report) -> Option<serde_json::Value>;
+    /// The metadata an existing IPAddress of a CAPI `claim` must carry (owners, finalizer,
+    /// cluster label), as [`Self::new_address`] writes it: an object made by hand or restored
+    /// from a backup is given them, as upstream does. `None` for Metal3 claims.
+    fn address_metadata(&self, claim: &AnyClaim, object: &AnyAddress) -> Option<ObjectMeta> {
+        let (AnyClaim::Capi(_), AnyAddress::Capi(_)) = (claim, object) else {
+            return None;
+        };
+        // Only the metadata is kept: the lease's values do not matter.
+        let lease = Lease {
+            address: object.ip()?,
+            prefix: 0,
+            gateway: None,
+            dns_servers: Vec::new(),
+        };
+        match self.new_address(claim, &lease).ok()? {
+            NewAddress::Capi(address) => Some(address.metadata),
+            NewAddress::Metal3(_) => None,
+        }
+    }
 }
 
 /// Address objects read from the server (not a cache), for decisions a stale cache must not make.
@@ -498,6 +517,8 @@ struct Batch {
     orphaned: Vec<AnyAddress>,
     /// Claims whose address is released: their finalizer goes.
     finished: Vec<AnyClaim>,
+    /// Existing address objects lacking owners, finalizer or labels, with the patch that adds them.
+    to_adopt: Vec<(AnyAddress, serde_json::Value)>,
     statuses: Vec<(AnyClaim, Outcome)>,
     /// Who holds what after this reconcile (claim kind and name → address), for the status.
     holders: BTreeMap<(ClaimKind, String), IpAddr>,
@@ -545,6 +566,8 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         &spec_error,
     )
     .await?;
+
+    adopt_addresses(&ctx, &mut batch).await?;
 
     // Report.
     let key = pool.key();
@@ -732,6 +755,12 @@ async fn plan<P: PoolDialect>(
                 batch.first.bind.push((ip, id))
             }
             Some((ip, object)) => {
+                let adoption = pool
+                    .address_metadata(claim, object)
+                    .and_then(|desired| objects::adoption_patch(object.meta(), &desired));
+                if let Some(patch) = adoption {
+                    batch.to_adopt.push((object.clone(), patch));
+                }
                 batch.first.confirm.push((ip, id.uid));
                 batch.statuses.push((
                     claim.clone(),
@@ -803,6 +832,32 @@ async fn plan<P: PoolDialect>(
         }
     }
     Ok(batch)
+}
+
+/// Gives existing address objects the owners, finalizer and labels they lack. One changed
+/// meanwhile is patched again from the next reconcile's view.
+async fn adopt_addresses(ctx: &Context, batch: &mut Batch) -> Result<(), Error> {
+    let patches = std::mem::take(&mut batch.to_adopt);
+    let results = in_parallel(patches, |(address, patch)| async move {
+        let result = address.merge_patch(ctx, patch).await;
+        if result.is_ok() {
+            tracing::info!(object = %address.describe(), "adopted: owners, finalizer and labels added");
+        }
+        result
+    })
+    .await;
+    for result in results {
+        match result {
+            Ok(()) => {}
+            Err(Error::Kube(kube::Error::Api(status)))
+                if status.is_conflict() || status.is_not_found() =>
+            {
+                batch.again_within(Duration::ZERO);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The address objects of `claims` read from the server: each by its name, in parallel, or when
