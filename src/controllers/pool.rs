@@ -463,7 +463,24 @@ async fn select_claims<P: PoolDialect>(
             None => selected.again = true,
         }
     }
-    let added = in_parallel(need_finalizer, |claim| {
+    for (claim, patched) in add_claim_finalizers::<P>(ctx, need_finalizer).await? {
+        match patched {
+            FinalizerPatch::Done => selected.live.push(claim),
+            // Changed since the cache saw it: its watch event may already have been handled.
+            FinalizerPatch::Stale => selected.again = true,
+        }
+    }
+    // Oldest first: the finalizer patches above complete in any order.
+    selected.live.sort_by_key(age);
+    Ok(selected)
+}
+
+/// Adds the pool kind's claim finalizer to each of `claims`, in parallel.
+async fn add_claim_finalizers<P: PoolDialect>(
+    ctx: &Arc<Context>,
+    claims: Vec<AnyClaim>,
+) -> Result<Vec<(AnyClaim, FinalizerPatch)>, Error> {
+    let added = in_parallel(claims, |claim| {
         let ctx = ctx.clone();
         async move {
             let result = claim
@@ -473,16 +490,34 @@ async fn select_claims<P: PoolDialect>(
         }
     })
     .await;
-    for (claim, result) in added {
-        match result? {
-            FinalizerPatch::Done => selected.live.push(claim),
-            // Changed since the cache saw it: its watch event may already have been handled.
-            FinalizerPatch::Stale => selected.again = true,
-        }
-    }
-    // Oldest first: the finalizer patches above complete in any order.
-    selected.live.sort_by_key(age);
-    Ok(selected)
+    added
+        .into_iter()
+        .map(|(claim, result)| Ok((claim, result?)))
+        .collect()
+}
+
+/// A paused pool serves and releases nothing, but still protects every live claim it has seen
+/// with its finalizer (as upstream does before it looks at the pause): a claim deleted while
+/// the pool is paused then waits for the pool instead of vanishing with its address held.
+async fn protect_claims<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let unprotected: Vec<AnyClaim> = pool
+        .claims(ctx)
+        .into_iter()
+        .filter(|c| {
+            !c.deleting()
+                && !objects::has_finalizer(c.meta(), P::claim_finalizer(c.kind()))
+                && claim_may_proceed(c, ctx)
+        })
+        .take(BATCH)
+        .collect();
+    let stale = add_claim_finalizers::<P>(ctx, unprotected)
+        .await?
+        .iter()
+        .any(|(_, patched)| *patched == FinalizerPatch::Stale);
+    Ok(match stale {
+        true => Action::requeue(Duration::from_millis(200)),
+        false => Action::await_change(),
+    })
 }
 
 type AddressIndex = HashMap<(ClaimKind, String, String), AnyAddress>;
@@ -534,8 +569,9 @@ impl Batch {
 
 pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Result<Action, Error> {
     if objects::is_paused(pool.meta()) {
-        return Ok(Action::await_change());
+        return protect_claims(&*pool, &ctx).await;
     }
+    // A paused Cluster pauses everything of its own, finalizers too (as upstream).
     if pool.paused_by_cluster(&ctx) {
         return Ok(Action::requeue(Duration::from_secs(30)));
     }
