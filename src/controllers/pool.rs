@@ -386,21 +386,36 @@ struct Selected {
     again: bool,
 }
 
-/// Claims are served oldest first (names break ties between claims of the same second).
-fn age(
-    claim: &AnyClaim,
-) -> (
-    Option<k8s_openapi::jiff::Timestamp>,
-    ClaimKind,
-    String,
-    String,
-) {
-    (
-        claim.meta().creation_timestamp.as_ref().map(|t| t.0),
-        claim.kind(),
-        claim.namespace(),
-        claim.name(),
-    )
+/// When a claim was created, as precisely as the API server says: its creation second, then
+/// the order the server recorded claims in (`resourceVersion`, an etcd revision here). For a
+/// claim not yet changed since its creation, which is every claim still waiting for its first
+/// address, that is its creation order, as upstream's single worker sees it; kind, namespace
+/// and name break the remaining ties (a version that is not a number sorts after the rest).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Age {
+    created: Option<k8s_openapi::jiff::Timestamp>,
+    unordered: bool,
+    recorded: u64,
+    kind: ClaimKind,
+    namespace: String,
+    name: String,
+}
+
+/// Claims are served oldest first.
+fn age(claim: &AnyClaim) -> Age {
+    let recorded = claim
+        .meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    Age {
+        created: claim.meta().creation_timestamp.as_ref().map(|t| t.0),
+        unordered: recorded.is_none(),
+        recorded: recorded.unwrap_or_default(),
+        kind: claim.kind(),
+        namespace: claim.namespace(),
+        name: claim.name(),
+    }
 }
 
 /// The pool's claims, oldest first, with finalizers added to new ones.
@@ -1415,6 +1430,51 @@ fn pool_labels(key: &PoolKey) -> crate::ops::metrics::PoolLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn claim(namespace: &str, name: &str, second: i64, version: &str) -> AnyClaim {
+        let mut claim = crate::api::capi::IPAddressClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                resource_version: Some(version.into()),
+                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(second).expect("a time"),
+                )),
+                ..Default::default()
+            },
+            spec: Default::default(),
+            status: None,
+        };
+        claim.metadata.uid = Some(format!("{namespace}/{name}"));
+        AnyClaim::Capi(Arc::new(claim))
+    }
+
+    /// Within one second, claims are served in the order the server recorded them, whatever
+    /// their namespaces and names; an older second always goes first.
+    #[test]
+    fn claims_are_served_in_creation_order() {
+        let cases = [
+            // (namespace, name, creation second, resourceVersion), in the expected order.
+            vec![
+                ("ns-z", "test", 10, "100"),
+                ("ns-a", "test-second", 10, "101"),
+            ],
+            vec![("b", "later-name", 10, "9"), ("a", "a", 10, "10")],
+            vec![("z", "z", 9, "500"), ("a", "a", 10, "100")],
+            vec![("a", "a", 10, "7"), ("a", "b", 10, "not-a-number")],
+        ];
+        for expected in cases {
+            let mut claims: Vec<AnyClaim> = expected
+                .iter()
+                .rev()
+                .map(|(ns, name, second, version)| claim(ns, name, *second, version))
+                .collect();
+            claims.sort_by_key(age);
+            let order: Vec<String> = claims.iter().map(AnyClaim::name).collect();
+            let want: Vec<String> = expected.iter().map(|(_, n, _, _)| n.to_string()).collect();
+            assert_eq!(order, want);
+        }
+    }
 
     /// The allocation-free check says what building the key would say, for every combination.
     #[test]
