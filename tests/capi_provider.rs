@@ -34,6 +34,7 @@ trait CapiEnv {
     async fn claim(&self, name: &str, pool: &str) -> IPAddressClaim;
     async fn create_claim(&self, claim: IPAddressClaim) -> IPAddressClaim;
     async fn cluster(&self, name: &str, paused: bool);
+    async fn pause_pool(&self, name: &str, paused: bool);
     async fn wait_ready(&self, name: &str, status: &str, reason: Option<&str>) -> IPAddressClaim;
     async fn address(&self, name: &str) -> IPAddress;
     async fn pool_counts(&self, name: &str) -> (i64, i64, i64, i64);
@@ -110,6 +111,19 @@ impl CapiEnv for Env {
             .create(&PostParams::default(), &cluster)
             .await
             .expect("create cluster");
+    }
+
+    /// Sets or removes the pool's pause annotation.
+    async fn pause_pool(&self, name: &str, paused: bool) {
+        let value = paused.then_some("");
+        self.pools()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: value}}})),
+            )
+            .await
+            .expect("pause or resume the pool");
     }
 
     /// Waits until the claim's Ready condition has `status` (and `reason` if given).
@@ -536,14 +550,7 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
     env.wait_ready("by-annotation", "True", None).await;
 
     // A paused pool serves nobody until resumed.
-    env.pools()
-        .patch(
-            "pool",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: ""}}})),
-        )
-        .await
-        .expect("pause pool");
+    env.pause_pool("pool", true).await;
     env.claim("while-pool-paused", "pool").await;
     env.claim("control-2", "other").await;
     env.wait_ready("control-2", "False", Some("PoolNotReady"))
@@ -556,14 +563,7 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
             .status
             .is_none()
     );
-    env.pools()
-        .patch(
-            "pool",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {labels::PAUSED: null}}})),
-        )
-        .await
-        .expect("resume pool");
+    env.pause_pool("pool", false).await;
     env.wait_ready("while-pool-paused", "True", None).await;
 
     // A claim whose Cluster is gone is still released when deleted.
@@ -993,4 +993,163 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
         "10.9.9.2",
         "the address held in another namespace was kept"
     );
+}
+
+/// As upstream has it, a gateway need only parse and be of the pool's family: one outside the
+/// pool's subnet (an IPv6 link-local router, the router of another segment) is kept out of the
+/// pool, written on every address as it is, and the pool serves.
+#[tokio::test]
+async fn a_gateway_outside_the_subnet_leaves_the_pool_serving() {
+    let Some(env) = Env::new("capi-gateway").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    env.pool("v4", spec(&["10.0.0.50-10.0.0.52"], 24, Some("10.0.1.1")))
+        .await;
+    env.pool("v6", spec(&["fe80::ffff"], 120, Some("fe80::a")))
+        .await;
+    env.claim("on-v4", "v4").await;
+    env.claim("on-v6", "v6").await;
+    env.wait_ready("on-v4", "True", None).await;
+    env.wait_ready("on-v6", "True", None).await;
+    let v4 = env.address("on-v4").await.spec;
+    assert_eq!(
+        (v4.address.as_str(), v4.prefix, v4.gateway.as_deref()),
+        ("10.0.0.50", 24, Some("10.0.1.1"))
+    );
+    let v6 = env.address("on-v6").await.spec;
+    assert_eq!(
+        (v6.address.as_str(), v6.prefix, v6.gateway.as_deref()),
+        ("fe80::ffff", 120, Some("fe80::a"))
+    );
+    env.wait_pool_counts("v4", (3, 1, 2, 0)).await;
+    env.wait_pool_counts("v6", (1, 1, 0, 0)).await;
+}
+
+/// An IPAddress that exists before its claim (made by hand, restored from a backup) is the
+/// claim's allocation, and gets what the contract gives every address: the claim as controller
+/// owner, the pool as owner, the finalizer and the Cluster's label, owners of others kept
+/// (upstream #87). Nothing else is handed that address.
+#[tokio::test]
+async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
+    let Some(env) = Env::new("capi-adopt").await else {
+        return;
+    };
+    let pool = env
+        .pool("pool", spec(&["10.0.0.1-10.0.0.254"], 24, Some("10.0.0.2")))
+        .await;
+    env.cluster("k", false).await;
+    let marker = Api::<ConfigMap>::namespaced(env.client.clone(), env.name())
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: env.meta("restored-from-backup"),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create the foreign owner");
+    let mut foreign = bitpool::controllers::objects::owner_reference(&marker, false)
+        .expect("the ConfigMap has a UID");
+    foreign.controller = None;
+    foreign.block_owner_deletion = None;
+    let restored = IPAddress {
+        metadata: ObjectMeta {
+            owner_references: Some(vec![foreign.clone()]),
+            ..env.meta("restored")
+        },
+        spec: IPAddressSpec {
+            claim_ref: LocalObjectName {
+                name: "restored".into(),
+            },
+            pool_ref: env
+                .claim_object("x", "InClusterIPPool", "pool")
+                .spec
+                .pool_ref,
+            address: "10.0.0.1".into(),
+            prefix: 24,
+            gateway: Some("10.0.0.2".into()),
+        },
+    };
+    let created = env
+        .addresses()
+        .create(&PostParams::default(), &restored)
+        .await
+        .expect("create the IPAddress by hand");
+
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let mut claim = env.claim_object("restored", "InClusterIPPool", "pool");
+    claim.spec.cluster_name = Some("k".into());
+    let claim = env.create_claim(claim).await;
+    env.claim("new", "pool").await;
+    env.wait_ready("restored", "True", None).await;
+    env.wait_ready("new", "True", None).await;
+    let owners = |a: &IPAddress| a.metadata.owner_references.clone().unwrap_or_default();
+    let claim_owner = bitpool::controllers::objects::owner_reference(&claim, true).expect("uid");
+    let pool_owner = bitpool::controllers::objects::owner_reference(&pool, false).expect("uid");
+    let adopted = eventually("the IPAddress adopted", WAIT, || async {
+        let address = env.addresses().get("restored").await.ok()?;
+        (owners(&address).len() == 3).then_some(address)
+    })
+    .await;
+    assert_eq!(owners(&adopted), vec![foreign, claim_owner, pool_owner]);
+    assert_eq!(adopted.finalizers(), [ADDRESS_FINALIZER.to_string()]);
+    assert_eq!(
+        adopted
+            .labels()
+            .get(labels::CLUSTER_NAME)
+            .map(String::as_str),
+        Some("k")
+    );
+    assert_eq!(adopted.uid(), created.uid(), "the object itself is kept");
+    assert_eq!(adopted.spec.address, "10.0.0.1");
+    assert_eq!(env.address("new").await.spec.address, "10.0.0.3");
+    env.wait_pool_counts("pool", (253, 2, 251, 0)).await;
+}
+
+/// A pool paused just after a claim was created still protects the claim with its finalizer
+/// (upstream adds it before it looks at the pause): deleted while the pool is paused, the
+/// claim waits for the pool to resume, and is released then.
+#[tokio::test]
+async fn a_paused_pool_protects_its_claims_until_it_resumes() {
+    let Some(env) = Env::new("capi-paused-protect").await else {
+        return;
+    };
+    env.pool("pool", spec(&["10.0.20.51"], 24, None)).await;
+    env.pause_pool("pool", true).await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    env.claim("deleted", "pool").await;
+    let protected = |name: &'static str| {
+        let claims = env.claims();
+        async move {
+            let claim = claims.get_opt(name).await.ok()??;
+            claim
+                .finalizers()
+                .contains(&CLAIM_FINALIZER.to_string())
+                .then_some(claim)
+        }
+    };
+    let claim = eventually("the claim protected", WAIT, || protected("deleted")).await;
+    assert!(claim.status.is_none(), "a paused pool serves nobody");
+    env.claims()
+        .delete("deleted", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    // A later claim protected means the pool was reconciled after the deletion.
+    env.claim("later", "pool").await;
+    eventually("the later claim protected", WAIT, || protected("later")).await;
+    let waiting = env.claims().get("deleted").await.expect("the claim waits");
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+    assert!(
+        env.addresses()
+            .get_opt("deleted")
+            .await
+            .expect("read")
+            .is_none(),
+        "nothing was allocated while paused"
+    );
+
+    env.pause_pool("pool", false).await;
+    env.wait_gone(&env.claims(), "deleted").await;
+    env.wait_ready("later", "True", None).await;
 }
