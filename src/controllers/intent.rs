@@ -52,7 +52,10 @@ pub struct Intent {
     pub adopt: Vec<IpAddr>,
     /// IPAddresses now known to exist: clear the claim's reservation.
     pub confirm: Vec<(IpAddr, String)>,
-    /// Addresses whose claim is done with them (IPAddress verified gone).
+    /// Reservations their claim (by UID) turned out not to need: its address object was found
+    /// with another address, or its object's name is taken. Each is freed only while it is
+    /// still reserved for that claim: by then another process may have freed it and handed it
+    /// to another claim, whose confirmed address it now is.
     pub release: Vec<(IpAddr, String)>,
     /// Addresses with neither a reservation nor an IPAddress (verified by a fresh list).
     pub release_unbound: Vec<IpAddr>,
@@ -125,11 +128,11 @@ pub fn apply(
 ) -> (Ledger, BTreeMap<String, Result<Lease, Refusal>>) {
     let mut next = ledger.clone();
     for (address, uid) in &intent.release {
-        let reserved_for_other = next
+        let reserved_for_releaser = next
             .pending
             .get(&address.to_string())
-            .is_some_and(|r| &r.claim_uid != uid);
-        if !reserved_for_other {
+            .is_some_and(|r| &r.claim_uid == uid);
+        if reserved_for_releaser {
             free(&mut next, &mut space, *address);
         }
     }
@@ -382,6 +385,97 @@ mod tests {
         assert!(
             !next.contains(ip("10.0.0.1")),
             "a's reservation released with a"
+        );
+    }
+
+    /// A release frees only the releaser's own reservation. Process A reserved .1 for claim x,
+    /// then found x's object with .2 and queued the release of .1; meanwhile process B confirmed
+    /// x's .2 (freeing the stale .1), gave .1 to claim z and confirmed it. A's late release must
+    /// leave z's address alone, and a later claim must not get it.
+    #[test]
+    fn a_late_release_never_frees_another_claims_confirmed_address() {
+        let mut rng = StdRng::seed_from_u64(6);
+        let mut ledger = Ledger::default();
+        ledger.reserve(ip("10.0.0.1"), claim("x").reservation("t"));
+        ledger.insert(ip("10.0.0.2"));
+        let cases: Vec<(&str, Intent, bool)> = vec![
+            (
+                "the releaser's own reservation",
+                Intent {
+                    release: vec![(ip("10.0.0.1"), "x".into())],
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                "another claim's reservation",
+                Intent {
+                    release: vec![(ip("10.0.0.1"), "y".into())],
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                "an address with no reservation (a confirmed one)",
+                Intent {
+                    release: vec![(ip("10.0.0.2"), "x".into())],
+                    ..Default::default()
+                },
+                true,
+            ),
+        ];
+        for (case, intent, kept) in cases {
+            let (next, _) = run(&ledger, &intent, &mut rng);
+            let address = intent.release[0].0;
+            assert_eq!(next.contains(address), kept, "{case}");
+        }
+
+        // The interleaving itself, step by step.
+        let (after_b, _) = run(
+            &ledger,
+            &Intent {
+                confirm: vec![(ip("10.0.0.2"), "x".into())],
+                ..Default::default()
+            },
+            &mut rng,
+        );
+        assert!(
+            !after_b.contains(ip("10.0.0.1")),
+            "x's stale reservation freed"
+        );
+        let (after_z, outcomes) = run(
+            &after_b,
+            &Intent {
+                allocate: vec![request("z")],
+                ..Default::default()
+            },
+            &mut rng,
+        );
+        assert_eq!(
+            outcomes["z"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.1"))
+        );
+        let (confirmed, _) = run(
+            &after_z,
+            &Intent {
+                confirm: vec![(ip("10.0.0.1"), "z".into())],
+                ..Default::default()
+            },
+            &mut rng,
+        );
+        let (after_a, outcomes) = run(
+            &confirmed,
+            &Intent {
+                release: vec![(ip("10.0.0.1"), "x".into())],
+                allocate: vec![request("w")],
+                ..Default::default()
+            },
+            &mut rng,
+        );
+        assert!(after_a.contains(ip("10.0.0.1")), "z keeps its address");
+        assert_eq!(
+            outcomes["w"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.3"))
         );
     }
 

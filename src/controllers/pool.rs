@@ -565,6 +565,9 @@ struct Batch {
     to_delete: Vec<(AnyClaim, AnyAddress)>,
     /// Address objects whose claim is gone.
     orphaned: Vec<AnyAddress>,
+    /// What the orphaned objects held, once they are deleted: freed only if a fresh list shows
+    /// no other object holding it (a hand-made object may name another claim's address).
+    orphans_deleted: Vec<IpAddr>,
     /// Claims whose address is released: their finalizer goes.
     finished: Vec<AnyClaim>,
     /// Existing address objects lacking owners, finalizer or labels, with the patch that adds them.
@@ -719,6 +722,12 @@ async fn transact<P: PoolDialect>(
         let unexplained = unexplained(pool, ctx, &stored.ledger, addresses).await;
         batch.second.release_unbound =
             keep_first(&mut ledger_error, unexplained).unwrap_or_default();
+        let orphans = std::mem::take(&mut batch.orphans_deleted);
+        let unheld = unheld(pool, ctx, orphans).await;
+        batch
+            .second
+            .release_unbound
+            .extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
         let vanished = vanished_reservations(ctx, &stored.ledger, claims).await;
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
         batch.second.release_claims.extend(vanished);
@@ -1089,10 +1098,7 @@ async fn delete_addresses<P: PoolDialect>(
                 ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
                 tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
                 batch.holders.remove(&address.claim());
-                batch
-                    .second
-                    .release
-                    .push((ip, address.claim_uid().unwrap_or_default()));
+                batch.orphans_deleted.push(ip);
             }
             _ => batch.again_within(Duration::from_secs(1)),
         }
@@ -1385,6 +1391,27 @@ async fn unexplained<P: PoolDialect>(
     }
     ctx.forget_orphans(&key);
     Ok(leaked)
+}
+
+/// Which of `addresses` no address object of the pool holds, by a fresh list (none is taken
+/// when there is nothing to check).
+async fn unheld<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    addresses: Vec<IpAddr>,
+) -> Result<Vec<IpAddr>, Error> {
+    if addresses.is_empty() {
+        return Ok(addresses);
+    }
+    let held: HashSet<IpAddr> = fresh_pool_addresses(pool, ctx)
+        .await?
+        .iter()
+        .filter_map(|a| pool.held(a))
+        .collect();
+    Ok(addresses
+        .into_iter()
+        .filter(|ip| !held.contains(ip))
+        .collect())
 }
 
 /// A pool being deleted keeps its finalizer while any address object refers to it, unless it
