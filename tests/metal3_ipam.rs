@@ -792,3 +792,138 @@ async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
         .expect("owned by the Cluster");
     assert_eq!(Some(&owner.uid), cluster.metadata.uid.as_ref());
 }
+
+/// A Metal3 IPPool deleted while claims of both kinds name it — pending on an invalid pool or a
+/// migration proxy, or served by a pool that `clusterctl move` lets go with its addresses —
+/// leaves nothing stuck:
+/// each claim deleted afterwards goes, with its address objects (a Metal3 pool names them after
+/// the address, not the claim), whatever the claim kind's finalizer.
+#[tokio::test]
+async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
+    let Some(env) = Env::new("m3-orphans").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    env.pool(
+        "invalid",
+        pool_spec(vec![range("192.168.9.20", "192.168.9.10")]),
+    )
+    .await;
+    env.pool(
+        "served",
+        pool_spec(vec![range("192.168.8.10", "192.168.8.20")]),
+    )
+    .await;
+    // A migration proxy whose CAPI pool does not exist (yet): its IPClaims wait.
+    let mut proxy = pool_spec(vec![]);
+    proxy.pool_ref = Some(IPPoolReference {
+        api_group: "ipam.cluster.x-k8s.io".into(),
+        kind: "InClusterIPPool".into(),
+        name: "absent".into(),
+    });
+    env.pool("proxy", proxy).await;
+    env.create_ipclaim(env.ipclaim("proxied", "proxy")).await;
+    let mut ipclaims = Vec::new();
+    let mut capi_claims = Vec::new();
+    for pool in ["invalid", "served"] {
+        for i in 0..3 {
+            let name = format!("{pool}-{i}");
+            env.create_ipclaim(env.ipclaim(&name, pool)).await;
+            env.create_capi_claim(env.capi_claim(&format!("capi-{name}"), pool))
+                .await;
+            ipclaims.push(name.clone());
+            capi_claims.push(format!("capi-{name}"));
+        }
+    }
+    for i in 0..3 {
+        env.allocated(&format!("served-{i}")).await;
+        env.capi_allocated(&format!("capi-served-{i}")).await;
+    }
+    let finalized = |names: Vec<String>, api: Api<IPClaim>, capi: Api<IPAddressClaim>| async move {
+        for name in &names {
+            let ipclaim = api.get_opt(name).await.ok()??;
+            let capi_claim = capi.get_opt(&format!("capi-{name}")).await.ok()??;
+            if ipclaim.finalizers().is_empty() || capi_claim.finalizers().is_empty() {
+                return None;
+            }
+        }
+        Some(())
+    };
+    eventually("every claim protected by the pools", WAIT, || {
+        finalized(ipclaims.clone(), env.api(), env.api())
+    })
+    .await;
+    eventually("the proxied claim protected", WAIT, || async {
+        let claim = env.api::<IPClaim>().get_opt("proxied").await.ok()??;
+        (!claim.finalizers().is_empty()).then_some(())
+    })
+    .await;
+    ipclaims.push("proxied".into());
+
+    let pools = env.api::<IPPool>();
+    pools
+        .patch(
+            "served",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                bitpool::api::capi_pools::SKIP_DELETE_CHECK_ANNOTATION: "true"
+            }}})),
+        )
+        .await
+        .expect("annotate the pool as clusterctl move does");
+    for pool in ["invalid", "served", "proxy"] {
+        pools
+            .delete(pool, &DeleteParams::default())
+            .await
+            .expect("delete pool");
+    }
+    eventually("both pools gone", WAIT, || async {
+        let left = pools.list(&Default::default()).await.ok()?.items;
+        left.is_empty().then_some(())
+    })
+    .await;
+    for name in &ipclaims {
+        env.api::<IPClaim>()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete IPClaim");
+    }
+    for name in &capi_claims {
+        env.api::<IPAddressClaim>()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete IPAddressClaim");
+    }
+    eventually("every claim and address object gone", WAIT, || async {
+        let empty = env
+            .api::<IPClaim>()
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            && env
+                .api::<IPAddressClaim>()
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+            && env
+                .api::<Metal3IPAddress>()
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+            && env
+                .api::<IPAddress>()
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .is_empty();
+        empty.then_some(())
+    })
+    .await;
+}

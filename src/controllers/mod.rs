@@ -6,7 +6,7 @@
 //! - [`prefix`]: its InClusterPrefixPool / GlobalInClusterPrefixPool dialect (sub-prefixes);
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
 //! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
-//! - [`claims`]: claims whose pool does not exist;
+//! - [`claims`]: claims of either kind whose pool does not exist;
 //! - the Metal3Data reconciler's controllers, from [`crate::metal3data`];
 //! - [`ledger`], [`intent`] and [`transaction`]: the per-pool record that makes the API server
 //!   the judge of every allocation, the pure transaction applied to it, and how it is read,
@@ -319,6 +319,7 @@ struct Controllers {
     global_prefix: Option<Controller<GlobalInClusterPrefixPool>>,
     metal3: Option<Controller<IPPool>>,
     orphan_claims: Option<Controller<IPAddressClaim>>,
+    orphan_ipclaims: Option<Controller<IPClaim>>,
     templates: Option<Controller<Metal3DataTemplate>>,
     orphan_data_claims: Option<Controller<Metal3DataClaim>>,
     datas: Option<Controller<Metal3Data>>,
@@ -344,6 +345,10 @@ impl Controllers {
             .claims
             .subscribe()
             .map(|trigger| Controller::for_shared_stream(trigger, caches.claims.store.clone()));
+        let orphan_ipclaims = caches
+            .ipclaims
+            .subscribe()
+            .map(|trigger| Controller::for_shared_stream(trigger, caches.ipclaims.store.clone()));
         let (templates, datas, data_claims) =
             (&caches.data_templates, &caches.datas, &caches.data_claims);
         Self {
@@ -368,6 +373,7 @@ impl Controllers {
                 pool_controller(&caches.ippools, caches, ctx),
             ),
             orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, orphan_claims),
+            orphan_ipclaims: on.when(groups.metal3_pools(), orphan_ipclaims),
             templates: on.when(
                 groups.metal3_data,
                 metal3data::template_controller(templates, datas, data_claims),
@@ -392,8 +398,9 @@ impl Controllers {
             run_controller(self.global_prefix, pool::reconcile, ctx),
             run_controller(self.metal3, proxy::reconcile, ctx),
         );
-        let rest = future::join4(
+        let rest = future::join5(
             run_controller(self.orphan_claims, claims::reconcile, ctx),
+            run_controller(self.orphan_ipclaims, claims::reconcile_ipclaim, ctx),
             run_controller(self.templates, metal3data::template::reconcile, ctx),
             run_controller(self.datas, metal3data::data::reconcile, ctx),
             run_controller(
