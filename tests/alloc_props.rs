@@ -142,8 +142,8 @@ impl CapiCase {
         }
     }
 
-    /// Whether every entry and the gateway lie in `<lowest address>/<prefix>` (else the spec is
-    /// invalid, as upstream's webhook has it).
+    /// Whether every entry lies in `<lowest address>/<prefix>` (else the spec is invalid, as
+    /// upstream's webhook has it). The gateway may lie anywhere: upstream only keeps it out.
     fn in_one_subnet(&self) -> bool {
         let members: Vec<u128> = self.entries.iter().flat_map(EntrySpec::members).collect();
         let Some(lowest) = members.iter().min() else {
@@ -152,7 +152,7 @@ impl CapiCase {
         let size = 1u128 << self.prefix_host_bits;
         let network = lowest / size * size;
         let inside = |o: &u128| network <= *o && *o < network + size;
-        members.iter().all(inside) && self.gateway.iter().all(inside)
+        members.iter().all(inside)
     }
 
     /// The upstream algorithm, written out plainly over offsets.
