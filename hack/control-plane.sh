@@ -9,6 +9,8 @@
 #   hack/control-plane.sh up      build if needed, start everything, wait until ready, print
 #                                 the kubeconfig path (idempotent: an already running plane is reused)
 #   hack/control-plane.sh down    stop the processes this script started, by PID
+#   hack/control-plane.sh restart-apiserver [S]   stop kube-apiserver, wait S seconds, start it
+#                                 again (tests)
 #   hack/control-plane.sh status  say whether it runs and where its kubeconfig is
 #   hack/control-plane.sh kubeconfig   print the kubeconfig path
 #
@@ -174,6 +176,40 @@ start_process() {
   echo $! >"$STATE_DIR/$name.pid"
 }
 
+# kube-apiserver on the running etcd, with the plane's certificates; waits until it is ready.
+start_apiserver() {
+  local pki=$STATE_DIR/pki
+  start_process kube-apiserver "$BIN_DIR/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --secure-port "$API_PORT" \
+    --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
+    --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
+    --authorization-mode RBAC \
+    --enable-admission-plugins OwnerReferencesPermissionEnforcement \
+    --enable-aggregator-routing=true \
+    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
+    --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
+    --client-ca-file "$pki/ca.crt"
+  if ! wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" 60; then
+    tail -n 20 "$STATE_DIR/kube-apiserver.log" >&2
+    echo "control-plane: kube-apiserver did not become ready within 60 s (log: $STATE_DIR/kube-apiserver.log)" >&2
+    return 1
+  fi
+}
+
+# Stops kube-apiserver (SIGTERM, as an upgrade or a node drain does) and starts it again on the
+# same etcd: every client's watch ends and relists.
+restart_apiserver() {
+  running || die "the control plane in $STATE_DIR is not running"
+  # The ports it was brought up with, whatever this environment says.
+  # shellcheck source=/dev/null
+  . "$STATE_DIR/ports"
+  stop_pid_file "$STATE_DIR/kube-apiserver.pid"
+  # Down for a while, as in an upgrade: clients back off further between attempts.
+  sleep "${1:-0}"
+  start_apiserver || die "kube-apiserver did not come back"
+  log "kube-apiserver restarted"
+}
+
 up() {
   mkdir -p "$STATE_DIR"
   exec 9>"$STATE_DIR/lock"
@@ -228,21 +264,7 @@ EOF
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "bitpool-test=http://127.0.0.1:$ETCD_PEER_PORT"
-  start_process kube-apiserver "$BIN_DIR/kube-apiserver" --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --secure-port "$API_PORT" \
-    --advertise-address 127.0.0.1 --endpoint-reconciler-type none \
-    --tls-cert-file "$pki/serving.crt" --tls-private-key-file "$pki/serving.key" \
-    --authorization-mode RBAC \
-    --enable-admission-plugins OwnerReferencesPermissionEnforcement \
-    --enable-aggregator-routing=true \
-    --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
-    --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    --client-ca-file "$pki/ca.crt"
-  if ! wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" 60; then
-    tail -n 20 "$STATE_DIR/kube-apiserver.log" >&2
-    down_quiet
-    die "kube-apiserver did not become ready within 60 s (log: $STATE_DIR/kube-apiserver.log)"
-  fi
+  start_apiserver || { down_quiet; exit 1; }
   start_process kube-controller-manager "$BIN_DIR/kube-controller-manager" --kubeconfig "$KUBECONFIG_PATH" \
     --controllers namespace-controller,garbage-collector-controller,serviceaccount-token-controller \
     --leader-elect=false --secure-port 0 --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
@@ -251,6 +273,7 @@ EOF
   pid_alive "$STATE_DIR/kube-controller-manager.pid" ||
     { tail -n 20 "$STATE_DIR/kube-controller-manager.log" >&2; down_quiet; die "kube-controller-manager exited at start"; }
   echo "$PLANE_ID" >"$STATE_DIR/version"
+  printf 'API_PORT=%s\nETCD_PORT=%s\n' "$API_PORT" "$ETCD_PORT" >"$STATE_DIR/ports"
   log "ready (Kubernetes $K8S_VERSION, etcd $ETCD_VERSION): export KUBECONFIG=$KUBECONFIG_PATH"
   echo "$KUBECONFIG_PATH"
 }
@@ -283,7 +306,8 @@ case "${1:-}" in
   build) build ;;
   up) up ;;
   down) down ;;
+  restart-apiserver) restart_apiserver "${2:-0}" ;;
   status) if running; then echo "running ($(cat "$STATE_DIR/version" 2>/dev/null || echo "unknown version")); KUBECONFIG=$KUBECONFIG_PATH"; else echo "not running"; exit 1; fi ;;
   kubeconfig) echo "$KUBECONFIG_PATH" ;;
-  *) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

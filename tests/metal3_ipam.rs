@@ -927,3 +927,49 @@ async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
     })
     .await;
 }
+
+/// A claim of a Metal3 pool never keeps two address objects (the pool names them after the
+/// address, so nothing but bitpool stops a second): one left by a crash between a create and
+/// the claim's status, or by a release of old, goes, and its address is free again; the claim
+/// keeps the address its status names.
+#[tokio::test]
+async fn a_claims_second_address_object_goes_and_its_address_is_freed() {
+    let Some(env) = Env::new("m3-second").await else {
+        return;
+    };
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    env.pool(
+        "pool",
+        pool_spec(vec![range("192.168.7.10", "192.168.7.12")]),
+    )
+    .await;
+    env.create_ipclaim(env.ipclaim("a", "pool")).await;
+    let first = env.allocated("a").await;
+    assert_eq!(first.spec.address, "192.168.7.10");
+    let mut second = first.clone();
+    second.metadata = ObjectMeta {
+        name: Some("test1-prov-192-168-7-11".into()),
+        resource_version: None,
+        uid: None,
+        creation_timestamp: None,
+        managed_fields: None,
+        ..first.metadata.clone()
+    };
+    second.spec.address = "192.168.7.11".into();
+    env.api::<Metal3IPAddress>()
+        .create(&PostParams::default(), &second)
+        .await
+        .expect("create a second address object for claim a");
+    eventually("the second object gone", WAIT, || async {
+        let found = env
+            .api::<Metal3IPAddress>()
+            .get_opt("test1-prov-192-168-7-11")
+            .await
+            .ok()?;
+        found.is_none().then_some(())
+    })
+    .await;
+    env.create_ipclaim(env.ipclaim("b", "pool")).await;
+    assert_eq!(env.allocated("b").await.spec.address, "192.168.7.11");
+    assert_eq!(env.allocated("a").await.name_any(), first.name_any());
+}

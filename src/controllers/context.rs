@@ -120,11 +120,15 @@ pub struct ProcessState {
     /// Address objects this process deleted (UID → when), until the watch has caught up: a
     /// lagging cache still lists them, and they need no check on the server.
     deleted_addresses: Mutex<HashMap<String, Instant>>,
+    /// Address objects this process created (claim UID → object name, when), until a watch
+    /// lagging behind them (a relist after an API server restart) must have caught up: a claim
+    /// whose object the cache does not show yet is not given a second one.
+    created_addresses: Mutex<HashMap<String, (String, Instant)>>,
     shutdown: AtomicBool,
 }
 
-/// How long a deleted address object is remembered; a watch lagging longer costs a check on the
-/// server per object, nothing worse.
+/// How long an address object this process deleted or created is remembered; a watch lagging
+/// longer costs a check on the server per object, nothing worse.
 const DELETED_MEMORY: Duration = Duration::from_secs(300);
 
 /// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
@@ -258,6 +262,23 @@ impl Context {
             .deleted_addresses
             .lock()
             .is_ok_and(|map| map.get(uid).is_some_and(|at| at.elapsed() < DELETED_MEMORY))
+    }
+
+    /// Remembers that this process created the address object `name` for the claim `claim_uid`.
+    pub fn created_address(&self, claim_uid: &str, name: &str) {
+        if let Ok(mut map) = self.state.created_addresses.lock() {
+            if map.len() >= 1024 && map.len().is_power_of_two() {
+                map.retain(|_, (_, at)| at.elapsed() < DELETED_MEMORY);
+            }
+            map.insert(claim_uid.to_string(), (name.to_string(), Instant::now()));
+        }
+    }
+
+    /// The address object this process created for the claim `claim_uid` not long ago.
+    pub fn recently_created_address(&self, claim_uid: &str) -> Option<String> {
+        let map = self.state.created_addresses.lock().ok()?;
+        let (name, at) = map.get(claim_uid)?;
+        (at.elapsed() < DELETED_MEMORY).then(|| name.clone())
     }
 
     pub fn forget_orphans(&self, key: &PoolKey) {

@@ -175,31 +175,47 @@ impl AnyClaim {
         Ok(true)
     }
 
+    /// The name of the address object the claim's status names, if it names one.
+    pub fn status_address_name(&self) -> Option<String> {
+        match self {
+            AnyClaim::Capi(c) => Some(c.status.as_ref()?.address_ref.as_ref()?.name.clone()),
+            AnyClaim::Metal3(c) => c.status.as_ref()?.address.as_ref()?.name.clone(),
+        }
+        .filter(|name| !name.is_empty())
+    }
+
     /// The claim's address object read from the server, when its name is known without a list:
-    /// a CAPI claim's is named after it, a Metal3 claim's is in its status.
+    /// the one its status names, else (a CAPI claim) the one named after it, as CAPI pools name
+    /// them. A Metal3 pool names its objects after the address: a claim whose status names none
+    /// has no name to read.
     pub async fn fetch_address(&self, ctx: &Context) -> Result<Option<AnyAddress>, FetchError> {
+        let name = match self {
+            AnyClaim::Capi(c) => self.status_address_name().unwrap_or_else(|| c.name_any()),
+            AnyClaim::Metal3(_) => self.status_address_name().ok_or(FetchError::NameUnknown)?,
+        };
+        self.fetch_address_named(ctx, &name)
+            .await
+            .map_err(FetchError::Api)
+    }
+
+    /// The address object `name` of the claim's kind in its namespace, read from the server.
+    pub async fn fetch_address_named(
+        &self,
+        ctx: &Context,
+        name: &str,
+    ) -> Result<Option<AnyAddress>, Error> {
         let ns = self.namespace();
         match self {
-            AnyClaim::Capi(c) => Api::<IPAddress>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(&c.name_any())
+            AnyClaim::Capi(_) => Api::<IPAddress>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(name)
                 .await
-                .map(|a| a.map(|a| AnyAddress::Capi(Arc::new(a))))
-                .map_err(|e| FetchError::Api(Error::Kube(e))),
-            AnyClaim::Metal3(c) => {
-                let name = c
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.address.as_ref()?.name.clone());
-                let Some(name) = name else {
-                    return Err(FetchError::NameUnknown);
-                };
-                Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns)
-                    .get_opt(&name)
-                    .await
-                    .map(|a| a.map(|a| AnyAddress::Metal3(Arc::new(a))))
-                    .map_err(|e| FetchError::Api(Error::Kube(e)))
-            }
+                .map(|a| a.map(|a| AnyAddress::Capi(Arc::new(a)))),
+            AnyClaim::Metal3(_) => Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(name)
+                .await
+                .map(|a| a.map(|a| AnyAddress::Metal3(Arc::new(a)))),
         }
+        .map_err(Error::Kube)
     }
 
     /// The claim as an Event's `regarding`.

@@ -378,7 +378,7 @@ struct Selected {
     /// Earliest end of an address-reuse grace period still running.
     grace_wait: Option<Duration>,
     /// Every claim naming the pool, as (kind, namespace, name) → UID.
-    all: HashMap<(ClaimKind, String, String), String>,
+    all: HashMap<ClaimKey, String>,
     /// Claim names used in more than one namespace.
     shared_names: HashSet<String>,
     /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
@@ -535,22 +535,47 @@ async fn protect_claims<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<
     })
 }
 
-type AddressIndex = HashMap<(ClaimKind, String, String), AnyAddress>;
+type ClaimKey = (ClaimKind, String, String);
+type AddressIndex = HashMap<ClaimKey, AnyAddress>;
 
-fn index_addresses(addresses: Vec<AnyAddress>) -> AddressIndex {
-    addresses
-        .into_iter()
-        .map(|a| {
-            let (kind, claim) = a.claim();
-            (
-                (kind, a.meta().namespace.clone().unwrap_or_default(), claim),
-                a,
-            )
-        })
-        .collect()
+fn address_key(address: &AnyAddress) -> ClaimKey {
+    let (kind, claim) = address.claim();
+    let namespace = address.meta().namespace.clone().unwrap_or_default();
+    (kind, namespace, claim)
 }
 
-fn claim_key(claim: &AnyClaim) -> (ClaimKind, String, String) {
+fn index_addresses(addresses: Vec<AnyAddress>) -> AddressIndex {
+    index_by_claim(addresses, &HashMap::new()).0
+}
+
+/// The address objects by claim, and the claims' second objects. A Metal3 pool names its
+/// objects after the address, so nothing but bitpool stops a claim from getting two (a watch
+/// that lagged, a crash between a create and the status naming it): the claim keeps the one
+/// its status names (`named`: claim → object name), else the oldest; the others are extras.
+fn index_by_claim(
+    mut addresses: Vec<AnyAddress>,
+    named: &HashMap<ClaimKey, String>,
+) -> (AddressIndex, Vec<AnyAddress>) {
+    let rank = |a: &AnyAddress| {
+        let is_named = named.get(&address_key(a)) == Some(&a.name());
+        let created = a.meta().creation_timestamp.as_ref().map(|t| t.0);
+        (!is_named, created, a.name())
+    };
+    addresses.sort_by_cached_key(rank);
+    let mut index = AddressIndex::new();
+    let mut extras = Vec::new();
+    for address in addresses {
+        match index.entry(address_key(&address)) {
+            std::collections::hash_map::Entry::Occupied(_) => extras.push(address),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(address);
+            }
+        }
+    }
+    (index, extras)
+}
+
+fn claim_key(claim: &AnyClaim) -> ClaimKey {
     (claim.kind(), claim.namespace(), claim.name())
 }
 
@@ -565,6 +590,8 @@ struct Batch {
     to_delete: Vec<(AnyClaim, AnyAddress)>,
     /// Address objects whose claim is gone.
     orphaned: Vec<AnyAddress>,
+    /// Second address objects of live or releasing claims (see [`index_by_claim`]).
+    duplicates: Vec<AnyAddress>,
     /// What the orphaned objects held, once they are deleted: freed only if a fresh list shows
     /// no other object holding it (a hand-made object may name another claim's address).
     orphans_deleted: Vec<IpAddr>,
@@ -605,8 +632,15 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
 
     // Read and plan.
     let claims = select_claims(&*pool, &ctx, deleting).await?;
-    let addresses = index_addresses(pool.addresses(&ctx, None));
+    let named = claims
+        .live
+        .iter()
+        .chain(&claims.releasing)
+        .filter_map(|c| Some((claim_key(c), c.status_address_name()?)))
+        .collect();
+    let (addresses, extras) = index_by_claim(pool.addresses(&ctx, None), &named);
     let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
+    batch.duplicates = second_objects(&claims, extras);
     batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
 
     // Commit, apply, commit.
@@ -805,65 +839,148 @@ async fn plan<P: PoolDialect>(
     if claims.again {
         batch.again_within(Duration::ZERO);
     }
+    let mut unserved = Vec::new();
     for claim in &claims.live {
-        let Some(id) = claim.id() else { continue };
-        match addresses
-            .get(&claim_key(claim))
-            .and_then(|a| Some((pool.held(a)?, a)))
-        {
-            Some((ip, object)) if object.meta().deletion_timestamp.is_some() => {
-                batch.first.bind.push((ip, id))
-            }
-            Some((ip, object)) => {
-                let adoption = pool
-                    .address_metadata(claim, object)
-                    .and_then(|desired| objects::adoption_patch(object.meta(), &desired));
-                if let Some(patch) = adoption {
-                    batch.to_adopt.push((object.clone(), patch));
-                }
-                batch.first.confirm.push((ip, id.uid));
-                batch.statuses.push((
-                    claim.clone(),
-                    Outcome::Allocated {
-                        address_name: object.name(),
-                        address: pool.show(ip),
-                    },
-                ));
-            }
-            None => {
-                let problem =
-                    base.and_then(|(space, _)| pool.address_name_problem(claim, space.family()));
-                if let Some(problem) = problem {
-                    batch
-                        .statuses
-                        .push((claim.clone(), Outcome::Failed(problem)));
-                    continue;
-                }
-                if batch.to_create.len() >= BATCH {
-                    batch.again_within(Duration::ZERO);
-                    continue;
-                }
-                let requested = match pool.requested(claim) {
-                    Ok(requested) => requested,
-                    Err(e) => {
-                        let refused = Outcome::Refused {
-                            refusal: Refusal::Alloc(e),
-                            pool: pool.key().describe(),
-                            spec_error: None,
-                        };
-                        batch.statuses.push((claim.clone(), refused));
-                        continue;
-                    }
-                };
-                batch.to_create.push(claim.clone());
-                batch.first.allocate.push(Request {
-                    preallocation_key: pool.preallocation_key(claim, &claims.shared_names),
-                    claim: id,
-                    requested,
-                });
-            }
+        let held = addresses.get(&claim_key(claim));
+        if !held.is_some_and(|object| batch.plan_held(pool, claim, object)) {
+            unserved.push(claim.clone());
         }
     }
+    // A lagging watch may not show an object a claim already has: its status names it, or this
+    // process just created it. Those are read from the server before anything is allocated.
+    let known = known_objects_of(pool, ctx, &unserved).await?;
+    for claim in unserved {
+        let held = known.get(&claim_key(&claim));
+        if !held.is_some_and(|object| batch.plan_held(pool, &claim, object)) {
+            batch.plan_allocation(pool, &claim, base, &claims.shared_names);
+        }
+    }
+    plan_releases(pool, ctx, &mut batch, claims, addresses).await?;
+    Ok(batch)
+}
+
+impl Batch {
+    /// A live claim with its address object: confirmed (and the object adopted where it lacks
+    /// owners or finalizer), or bound while the object goes. False when the object holds no
+    /// address of the pool's.
+    fn plan_held<P: PoolDialect>(
+        &mut self,
+        pool: &P,
+        claim: &AnyClaim,
+        object: &AnyAddress,
+    ) -> bool {
+        let (Some(id), Some(ip)) = (claim.id(), pool.held(object)) else {
+            return false;
+        };
+        if object.meta().deletion_timestamp.is_some() {
+            self.first.bind.push((ip, id));
+            return true;
+        }
+        let adoption = pool
+            .address_metadata(claim, object)
+            .and_then(|desired| objects::adoption_patch(object.meta(), &desired));
+        if let Some(patch) = adoption {
+            self.to_adopt.push((object.clone(), patch));
+        }
+        self.first.confirm.push((ip, id.uid));
+        self.holders.insert((claim.kind(), claim.name()), ip);
+        self.statuses.push((
+            claim.clone(),
+            Outcome::Allocated {
+                address_name: object.name(),
+                address: pool.show(ip),
+            },
+        ));
+        true
+    }
+
+    /// A live claim without an address object: a request in transaction 1, or why it cannot
+    /// have one.
+    fn plan_allocation<P: PoolDialect>(
+        &mut self,
+        pool: &P,
+        claim: &AnyClaim,
+        base: Option<&transaction::Base>,
+        shared_names: &HashSet<String>,
+    ) {
+        let Some(id) = claim.id() else { return };
+        let problem = base.and_then(|(space, _)| pool.address_name_problem(claim, space.family()));
+        if let Some(problem) = problem {
+            return self
+                .statuses
+                .push((claim.clone(), Outcome::Failed(problem)));
+        }
+        if self.to_create.len() >= BATCH {
+            return self.again_within(Duration::ZERO);
+        }
+        let requested = match pool.requested(claim) {
+            Ok(requested) => requested,
+            Err(e) => {
+                let refused = Outcome::Refused {
+                    refusal: Refusal::Alloc(e),
+                    pool: pool.key().describe(),
+                    spec_error: None,
+                };
+                return self.statuses.push((claim.clone(), refused));
+            }
+        };
+        self.to_create.push(claim.clone());
+        self.first.allocate.push(Request {
+            preallocation_key: pool.preallocation_key(claim, shared_names),
+            claim: id,
+            requested,
+        });
+    }
+}
+
+/// The address objects of `claims` whose names are known without the cache (their status, or
+/// this process's memory of what it created), read from the server; only objects of this pool
+/// and of that claim count.
+async fn known_objects_of<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    claims: &[AnyClaim],
+) -> Result<AddressIndex, Error> {
+    let known: Vec<(AnyClaim, String)> = claims
+        .iter()
+        .filter_map(|claim| {
+            let uid = claim.meta().uid.as_deref()?;
+            let name = claim
+                .status_address_name()
+                .or_else(|| ctx.recently_created_address(uid))?;
+            Some((claim.clone(), name))
+        })
+        .collect();
+    if known.is_empty() {
+        return Ok(AddressIndex::new());
+    }
+    let key = pool.key();
+    let read = in_parallel(known, |(claim, name)| async move {
+        let found = claim.fetch_address_named(ctx, &name).await;
+        (claim_key(&claim), found)
+    })
+    .await;
+    let mut index = AddressIndex::new();
+    for (claim, found) in read {
+        if let Some(object) = found?
+            && object.pool_key().as_ref() == Some(&key)
+            && address_key(&object) == claim
+        {
+            index.insert(claim, object);
+        }
+    }
+    Ok(index)
+}
+
+/// Deleting claims: each address object goes (its address bound to the claim until then), or,
+/// where none is left, the claim is done.
+async fn plan_releases<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    batch: &mut Batch,
+    claims: &Selected,
+    addresses: &AddressIndex,
+) -> Result<(), Error> {
     // A stale cache may miss a just-created address object: ask the server before concluding.
     let missing: Vec<AnyClaim> = claims
         .releasing
@@ -891,7 +1008,23 @@ async fn plan<P: PoolDialect>(
             }
         }
     }
-    Ok(batch)
+    Ok(())
+}
+
+/// The extra objects of claims this reconcile serves or releases: they go, and their addresses
+/// with them once a fresh list shows no other object holding them. Extras of claims it does not
+/// act on (paused, unknown) wait.
+fn second_objects(claims: &Selected, extras: Vec<AnyAddress>) -> Vec<AnyAddress> {
+    let acted_on: HashSet<ClaimKey> = claims
+        .live
+        .iter()
+        .chain(&claims.releasing)
+        .map(claim_key)
+        .collect();
+    extras
+        .into_iter()
+        .filter(|a| a.meta().deletion_timestamp.is_none() && acted_on.contains(&address_key(a)))
+        .collect()
 }
 
 /// Gives existing address objects the owners, finalizer and labels they lack. One changed
@@ -996,7 +1129,7 @@ async fn create_addresses<P: PoolDialect>(
     })
     .await;
     for (claim, lease, object_name, result) in created {
-        batch.record_creation(pool, claim, &lease, object_name, result);
+        batch.record_creation(pool, ctx, claim, &lease, object_name, result);
     }
 }
 
@@ -1006,6 +1139,7 @@ impl Batch {
     fn record_creation<P: PoolDialect>(
         &mut self,
         pool: &P,
+        ctx: &Context,
         claim: AnyClaim,
         lease: &Lease,
         object_name: Option<String>,
@@ -1016,7 +1150,12 @@ impl Batch {
         };
         let address = match result {
             None => return self.again_within(Duration::ZERO),
-            Some(Ok(Created::Confirmed)) => lease.address,
+            Some(Ok(Created::Confirmed)) => {
+                if let Some(name) = &object_name {
+                    ctx.created_address(&uid, name);
+                }
+                lease.address
+            }
             Some(Ok(Created::Own(existing))) => {
                 // The claim's object existed with another address (a cache that had not seen
                 // it): that one is the claim's, the new reservation is not needed.
@@ -1082,7 +1221,28 @@ async fn delete_addresses<P: PoolDialect>(
             batch.again_within(Duration::from_secs(1));
         }
     }
-    let orphans = in_parallel(std::mem::take(&mut batch.orphaned), |address| {
+    let orphans = std::mem::take(&mut batch.orphaned);
+    for address in delete_unkept(pool, ctx, batch, orphans).await? {
+        tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
+        batch.holders.remove(&address.claim());
+    }
+    let duplicates = std::mem::take(&mut batch.duplicates);
+    for address in delete_unkept(pool, ctx, batch, duplicates).await? {
+        let (_, claim) = address.claim();
+        tracing::warn!(address = %address.describe(), %claim, "deleted a second address object of a claim; the claim keeps its first");
+    }
+    Ok(())
+}
+
+/// Deletes address objects no claim keeps (orphans, a claim's second objects): what each held
+/// is freed once a fresh list shows no other object holding it. Returns those deleted.
+async fn delete_unkept<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    batch: &mut Batch,
+    objects: Vec<AnyAddress>,
+) -> Result<Vec<AnyAddress>, Error> {
+    let deletions = in_parallel(objects, |address| {
         let ctx = ctx.clone();
         async move {
             let gone = address
@@ -1092,18 +1252,18 @@ async fn delete_addresses<P: PoolDialect>(
         }
     })
     .await;
-    for (address, gone) in orphans {
+    let mut deleted = Vec::new();
+    for (address, gone) in deletions {
         match (gone?, pool.held(&address)) {
             (true, Some(ip)) => {
                 ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
-                tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
-                batch.holders.remove(&address.claim());
                 batch.orphans_deleted.push(ip);
+                deleted.push(address);
             }
             _ => batch.again_within(Duration::from_secs(1)),
         }
     }
-    Ok(())
+    Ok(deleted)
 }
 
 async fn finish_claims(
@@ -1286,7 +1446,7 @@ async fn orphaned_objects(
     claims: &Selected,
     addresses: &AddressIndex,
 ) -> Result<Vec<AnyAddress>, Error> {
-    let suspects: Vec<((ClaimKind, String, String), AnyAddress)> = addresses
+    let suspects: Vec<(ClaimKey, AnyAddress)> = addresses
         .iter()
         .filter(|(key, address)| {
             let owner = address.claim_uid();
@@ -1500,6 +1660,73 @@ mod tests {
             let order: Vec<String> = claims.iter().map(AnyClaim::name).collect();
             let want: Vec<String> = expected.iter().map(|(_, n, _, _)| n.to_string()).collect();
             assert_eq!(order, want);
+        }
+    }
+
+    fn metal3_object(claim: &str, ip: &str, second: i64) -> AnyAddress {
+        let reference = |name: &str| k8s_openapi::api::core::v1::ObjectReference {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        };
+        AnyAddress::Metal3(Arc::new(metal3_ipam::Metal3IPAddress {
+            metadata: ObjectMeta {
+                name: Some(format!("p-{}", ip.replace('.', "-"))),
+                namespace: Some("ns".into()),
+                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(second).expect("a time"),
+                )),
+                ..Default::default()
+            },
+            spec: metal3_ipam::Metal3IPAddressSpec {
+                claim: reference(claim),
+                pool: reference("p"),
+                address: ip.into(),
+                prefix: None,
+                gateway: None,
+                dns_servers: Vec::new(),
+            },
+        }))
+    }
+
+    /// A claim with two objects keeps the one its status names, else the oldest; the other is
+    /// an extra. One object per claim is no extra, whatever the order.
+    #[test]
+    fn a_claims_second_object_is_an_extra() {
+        let key = |claim: &str| (ClaimKind::Metal3, "ns".to_string(), claim.to_string());
+        let objects = || {
+            vec![
+                metal3_object("c", "10.0.0.2", 20),
+                metal3_object("c", "10.0.0.1", 10),
+                metal3_object("d", "10.0.0.3", 5),
+            ]
+        };
+        let cases = [
+            (
+                "no status: the oldest",
+                HashMap::new(),
+                "p-10-0-0-1",
+                "p-10-0-0-2",
+            ),
+            (
+                "the status names the newer",
+                HashMap::from([(key("c"), "p-10-0-0-2".to_string())]),
+                "p-10-0-0-2",
+                "p-10-0-0-1",
+            ),
+            (
+                "the status names an object that is not there",
+                HashMap::from([(key("c"), "p-10-0-0-9".to_string())]),
+                "p-10-0-0-1",
+                "p-10-0-0-2",
+            ),
+        ];
+        for (case, named, kept, extra) in cases {
+            let (index, extras) = index_by_claim(objects(), &named);
+            assert_eq!(index[&key("c")].name(), kept, "{case}");
+            assert_eq!(index[&key("d")].name(), "p-10-0-0-3", "{case}");
+            let extras: Vec<String> = extras.iter().map(AnyAddress::name).collect();
+            assert_eq!(extras, [extra], "{case}");
         }
     }
 
