@@ -44,7 +44,7 @@ BITPOOL_BIN=$conformance_dir/bitpool hack/conformance.sh in-cluster >"$conforman
 conformance_pid=$!
 echo "== cargo test (KUBECONFIG=$KUBECONFIG)"
 log=$(mktemp)
-trap 'kill "$conformance_pid" 2>/dev/null; rm -rf "$log" "$conformance_dir"; [ -n "${stop_plane:-}" ] && hack/control-plane.sh down' EXIT
+trap 'kill "$conformance_pid" 2>/dev/null || true; rm -rf "$log" "$conformance_dir"; [ -n "${stop_plane:-}" ] && hack/control-plane.sh down' EXIT
 set +e
 cargo test --all-targets --no-fail-fast "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
