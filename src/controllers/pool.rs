@@ -640,7 +640,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         .collect();
     let (addresses, extras) = index_by_claim(pool.addresses(&ctx, None), &named);
     let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
-    batch.duplicates = second_objects(&claims, extras);
+    batch.duplicates = second_objects::<P>(&claims, extras);
     batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
 
     // Commit, apply, commit.
@@ -1013,8 +1013,8 @@ async fn plan_releases<P: PoolDialect>(
 
 /// The extra objects of claims this reconcile serves or releases: they go, and their addresses
 /// with them once a fresh list shows no other object holding them. Extras of claims it does not
-/// act on (paused, unknown) wait.
-fn second_objects(claims: &Selected, extras: Vec<AnyAddress>) -> Vec<AnyAddress> {
+/// act on (paused, unknown) wait, and so does one being deleted that bitpool no longer holds.
+fn second_objects<P: PoolDialect>(claims: &Selected, extras: Vec<AnyAddress>) -> Vec<AnyAddress> {
     let acted_on: HashSet<ClaimKey> = claims
         .live
         .iter()
@@ -1023,7 +1023,10 @@ fn second_objects(claims: &Selected, extras: Vec<AnyAddress>) -> Vec<AnyAddress>
         .collect();
     extras
         .into_iter()
-        .filter(|a| a.meta().deletion_timestamp.is_none() && acted_on.contains(&address_key(a)))
+        .filter(|a| {
+            let held = objects::has_finalizer(a.meta(), P::address_finalizer(a.claim().0));
+            acted_on.contains(&address_key(a)) && (a.meta().deletion_timestamp.is_none() || held)
+        })
         .collect()
 }
 
@@ -1151,7 +1154,9 @@ impl Batch {
         let address = match result {
             None => return self.again_within(Duration::ZERO),
             Some(Ok(Created::Confirmed)) => {
-                if let Some(name) = &object_name {
+                // Only objects not named after their claim need remembering: a second create
+                // of one that is meets the first (409).
+                if let Some(name) = object_name.as_ref().filter(|n| **n != claim.name()) {
                     ctx.created_address(&uid, name);
                 }
                 lease.address
