@@ -32,6 +32,10 @@ fn plane_pid(process: &str) -> Option<String> {
     Some(pid.trim().to_string())
 }
 
+/// Held by each test for its whole run: one test's outage (a restart gives kube-apiserver a new
+/// PID) must not meet another's.
+static ONE_OUTAGE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Freezes `pid` for `how_long`, then resumes it (also if the test panics meanwhile).
 async fn freeze(pid: &str, how_long: Duration) {
     struct Resume(String);
@@ -53,6 +57,7 @@ async fn freeze(pid: &str, how_long: Duration) {
 
 #[tokio::test]
 async fn etcd_and_api_server_outages_mid_burst_lose_nothing() {
+    let _alone = ONE_OUTAGE_AT_A_TIME.lock().await;
     let (Some(etcd), Some(apiserver)) = (plane_pid("etcd"), plane_pid("kube-apiserver")) else {
         return;
     };
@@ -139,6 +144,7 @@ fn restart_apiserver(down: Duration) {
 /// 40 such claims 22).
 #[tokio::test]
 async fn a_restarted_api_server_leaves_each_metal3_claim_one_address() {
+    let _alone = ONE_OUTAGE_AT_A_TIME.lock().await;
     let Some(_) = plane_pid("kube-apiserver") else {
         return;
     };
