@@ -189,10 +189,16 @@ impl AnyClaim {
     /// them. A Metal3 pool names its objects after the address: a claim whose status names none
     /// has no name to read.
     pub async fn fetch_address(&self, ctx: &Context) -> Result<Option<AnyAddress>, FetchError> {
-        let name = match self {
-            AnyClaim::Capi(c) => self.status_address_name().unwrap_or_else(|| c.name_any()),
-            AnyClaim::Metal3(_) => self.status_address_name().ok_or(FetchError::NameUnknown)?,
+        let named_after_claim = match self {
+            AnyClaim::Capi(c) => {
+                (c.spec.pool_ref.api_group != metal3_ipam::GROUP).then(|| c.name_any())
+            }
+            AnyClaim::Metal3(_) => None,
         };
+        let name = self
+            .status_address_name()
+            .or(named_after_claim)
+            .ok_or(FetchError::NameUnknown)?;
         self.fetch_address_named(ctx, &name)
             .await
             .map_err(FetchError::Api)
