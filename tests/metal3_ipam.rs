@@ -15,6 +15,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use support::ipam::listed;
 use support::{Bitpool, Env, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -895,34 +896,10 @@ async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
             .expect("delete IPAddressClaim");
     }
     eventually("every claim and address object gone", WAIT, || async {
-        let empty = env
-            .api::<IPClaim>()
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items
-            .is_empty()
-            && env
-                .api::<IPAddressClaim>()
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .is_empty()
-            && env
-                .api::<Metal3IPAddress>()
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .is_empty()
-            && env
-                .api::<IPAddress>()
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .is_empty();
+        let empty = listed(&env, |_: &IPClaim| true).await?.is_empty()
+            && listed(&env, |_: &IPAddressClaim| true).await?.is_empty()
+            && listed(&env, |_: &Metal3IPAddress| true).await?.is_empty()
+            && listed(&env, |_: &IPAddress| true).await?.is_empty();
         empty.then_some(())
     })
     .await;

@@ -363,7 +363,7 @@ pub async fn assert_consistent(
 }
 
 /// Every object of kind `K` in the test namespace that `keep` keeps.
-async fn listed<K>(env: &Env, keep: impl Fn(&K) -> bool) -> Option<Vec<K>>
+pub async fn listed<K>(env: &Env, keep: impl Fn(&K) -> bool) -> Option<Vec<K>>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
