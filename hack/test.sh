@@ -19,6 +19,13 @@ if ! command -v kubectl >/dev/null 2>&1; then
   sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
 fi
 
+# The clock tests run bitpool on machines whose clocks are wrong, with libfaketime.
+if ! ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1; then
+  echo "test: installing libfaketime (Debian package libfaketime)" >&2
+  if [ "$(id -u)" = 0 ]; then sudo() { "$@"; }; fi
+  sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libfaketime >/dev/null
+fi
+
 stop_plane=""
 if [ -z "${KUBECONFIG:-}" ]; then
   if ! hack/control-plane.sh status >/dev/null 2>&1; then

@@ -1,5 +1,9 @@
-//! The Kubernetes client of `bitpool run`: where it connects (and saying so when it cannot), and
-//! a client-side rate limit like Cluster API managers' `--kube-api-qps` / `--kube-api-burst`.
+//! The Kubernetes client of `bitpool run`: where it connects (and saying so when it cannot), a
+//! client-side rate limit like Cluster API managers' `--kube-api-qps` / `--kube-api-burst`,
+//! deadlines on every write ([`deadline`]) and the API server's clock ([`clock`]).
+
+pub mod clock;
+pub mod deadline;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -25,13 +29,15 @@ pub enum Error {
         source: kube::Error,
     },
     #[error(
-        "cannot reach the Kubernetes API server at {server} (configured by {origin}): {source}"
+        "cannot reach the Kubernetes API server at {server} (configured by {origin}): {source}{hint}"
     )]
     Unreachable {
+        /// What the error most likely means, when it can be told.
+        hint: &'static str,
         server: String,
         origin: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
 }
 
@@ -72,19 +78,43 @@ pub async fn connect(limits: Limits) -> Result<Client, Error> {
         server: server.clone(),
         source,
     })?;
+    // Outermost last: a write's deadline covers the rate limiter and the buffer; the server is
+    // told what is left of it, and its clock read, next to the wire.
     let client = builder
+        .with_layer(&clock::ClockLayer)
+        .with_layer(&deadline::DeadlineLayer(deadline::Side::Wire))
         .with_layer(&tower::buffer::BufferLayer::new(1024))
         .with_layer(&ThrottleLayer { limiter })
+        .with_layer(&deadline::DeadlineLayer(deadline::Side::Client))
         .build();
     client
         .apiserver_version()
         .await
         .map_err(|source| Error::Unreachable {
+            hint: hint(&source),
             server,
             origin: origin(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(client)
+}
+
+/// A certificate that is not valid yet, or no longer, is most often this machine's clock.
+fn hint(error: &kube::Error) -> &'static str {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    let text = text.to_lowercase();
+    if text.contains("notvalidyet") || text.contains("not valid yet") {
+        " (the server's certificate is not valid yet by this machine's clock: is the clock behind? correct it, e.g. with NTP)"
+    } else if text.contains("expired") {
+        " (the server's certificate has expired by this machine's clock: renew it, or correct a clock that is ahead)"
+    } else {
+        ""
+    }
 }
 
 /// Delays each request until the rate limiter lets it through.

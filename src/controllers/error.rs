@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use crate::client::deadline::DeadlineExceeded;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("API call failed: {0}")]
@@ -40,6 +42,7 @@ impl Error {
                 500..=599 => "server_error",
                 _ => "api_error",
             },
+            Error::Kube(kube::Error::Service(e)) if e.is::<DeadlineExceeded>() => "deadline",
             Error::Kube(_) => "connection",
             Error::LedgerNamespaceMissing(_) => "ledger_namespace_missing",
             Error::LedgerContention { .. } => "ledger_contention",

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use rand::Rng;
 
-use super::ledger::{Ledger, PendingRoom, Reservation};
+use super::ledger::{IN_FLIGHT_BOUND, Ledger, PendingRoom, Reservation};
 use crate::alloc::{AddressSpace, AllocError, Lease};
 
 /// A claim as the ledger knows it.
@@ -61,6 +61,10 @@ pub struct Intent {
     pub release_unbound: Vec<IpAddr>,
     /// Claims (by UID) that are gone or done: free whatever they have reserved.
     pub release_claims: Vec<String>,
+    /// Claims (by UID) gone before any address object of theirs was seen: a create for them may
+    /// still be on its way, so each reservation is freed only once [`IN_FLIGHT_BOUND`] has
+    /// passed since it was made; until then it stays (and the next reconcile looks again).
+    pub release_unlanded: Vec<String>,
     /// The ledger turned out to lack what was in flight (a live address it did not list):
     /// start the rebuild fence now, for this reason.
     pub fence: Option<String>,
@@ -77,6 +81,7 @@ impl Intent {
             && self.release.is_empty()
             && self.release_unbound.is_empty()
             && self.release_claims.is_empty()
+            && self.release_unlanded.is_empty()
             && self.fence.is_none()
             && !self.end_fence
     }
@@ -102,6 +107,23 @@ fn free(next: &mut Ledger, space: &mut Option<&mut AddressSpace>, address: IpAdd
         && let Some(space) = space.as_deref_mut()
     {
         space.release(address);
+    }
+}
+
+/// Whether `IN_FLIGHT_BOUND` has passed since `reservation` was made, at `now` (RFC 3339, the
+/// API server's clock). A reservation whose time cannot be read is judged old: it was not
+/// written by bitpool.
+pub fn no_create_can_land(reservation: &Reservation, now: &str) -> bool {
+    use k8s_openapi::jiff::Timestamp;
+    match (
+        reservation.since.parse::<Timestamp>(),
+        now.parse::<Timestamp>(),
+    ) {
+        (Ok(since), Ok(now)) => since
+            .checked_add(IN_FLIGHT_BOUND)
+            .is_ok_and(|bound| bound <= now),
+        (Err(_), _) => true,
+        (Ok(_), Err(_)) => false,
     }
 }
 
@@ -138,6 +160,16 @@ pub fn apply(
     }
     for uid in &intent.release_claims {
         if let Some((address, _)) = next.reservation_of(uid) {
+            free(&mut next, &mut space, address);
+        }
+    }
+    for uid in &intent.release_unlanded {
+        let landed: Vec<IpAddr> = next
+            .reservations_of(uid)
+            .filter(|(_, r)| no_create_can_land(r, now))
+            .map(|(a, _)| a)
+            .collect();
+        for address in landed {
             free(&mut next, &mut space, address);
         }
     }
@@ -187,8 +219,15 @@ pub fn apply(
     let fenced = next.fenced_until(now);
     for request in &intent.allocate {
         let reservation = request.claim.reservation(now);
-        let outcome = match next.reservation_of(&request.claim.uid) {
-            Some((address, _)) => Ok(space.lease_for(address)),
+        let reserved = next.reservation_of(&request.claim.uid).map(|(a, _)| a);
+        let outcome = match reserved {
+            Some(address) => {
+                // Its create is sent again: the time a create of it can land counts from now.
+                if let Some(r) = next.pending.get_mut(&address.to_string()) {
+                    r.since = now.to_string();
+                }
+                Ok(space.lease_for(address))
+            }
             None if fenced.is_some() => Err(Refusal::Fenced {
                 until: fenced.clone().unwrap_or_default(),
             }),
@@ -527,7 +566,7 @@ mod tests {
         assert_eq!(
             outcomes["b"],
             Err(Refusal::Fenced {
-                until: "2026-11-30T04:01:30Z".into()
+                until: "2026-11-30T04:00:37Z".into()
             })
         );
         let (after, outcomes) = run(
@@ -540,6 +579,31 @@ mod tests {
         );
         assert_eq!(after.rebuilt_at, None);
         assert!(outcomes["b"].is_ok(), "served once the fence ends");
+    }
+
+    #[test]
+    fn a_gone_claims_reservation_stays_while_its_create_may_land() {
+        // Reservation times, against NOW (04:00:00) and the 37 s bound.
+        let cases = [
+            ("just made", "2026-11-30T04:00:00Z", false),
+            ("36 s old", "2026-11-30T03:59:24Z", false),
+            ("37 s old", "2026-11-30T03:59:23Z", true),
+            ("an hour old", "2026-11-30T03:00:00Z", true),
+            ("from a clock ahead", "2026-11-30T04:02:00Z", false),
+            ("unreadable", "yesterday", true),
+        ];
+        let mut rng = StdRng::seed_from_u64(9);
+        for (case, since, freed) in cases {
+            let mut ledger = Ledger::default();
+            ledger.reserve(ip("10.0.0.2"), claim("a").reservation(since));
+            let intent = Intent {
+                release_unlanded: vec!["a".into()],
+                ..Default::default()
+            };
+            let (next, _) = run(&ledger, &intent, &mut rng);
+            assert_eq!(!next.contains(ip("10.0.0.2")), freed, "{case}");
+            assert_eq!(next.reservation_of("a").is_none(), freed, "{case}");
+        }
     }
 
     #[test]

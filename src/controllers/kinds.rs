@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use tokio::time::Instant;
 
 use super::Context;
 use super::error::Error;
@@ -16,6 +17,7 @@ use super::objects::{self, FinalizerPatch};
 use crate::alloc::AllocError;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, LocalObjectName};
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
+use crate::client::deadline::Deadline;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClaimKind {
@@ -554,8 +556,14 @@ impl NewAddress {
         }
     }
 
-    /// Creates the object for `claim`; an existing one of that name is compared with it.
-    pub async fn create(&self, ctx: &Context, claim: &AnyClaim) -> Result<Created, Error> {
+    /// Creates the object for `claim`, abandoned at `deadline` (by the client and the API
+    /// server); an existing one of that name is compared with it.
+    pub async fn create(
+        &self,
+        ctx: &Context,
+        claim: &AnyClaim,
+        deadline: Instant,
+    ) -> Result<Created, Error> {
         let claim_uid = claim.meta().uid.as_deref();
         let owned_by_claim = |meta: &ObjectMeta| {
             meta.owner_references
@@ -567,7 +575,7 @@ impl NewAddress {
             NewAddress::Capi(object) => {
                 let api: Api<IPAddress> =
                     Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
-                create_or_compare(&api, &**object, |existing: &IPAddress| {
+                create_or_compare(&api, &**object, deadline, |existing: &IPAddress| {
                     let same_claim = existing.spec.pool_ref == object.spec.pool_ref
                         && existing.spec.claim_ref == object.spec.claim_ref;
                     match existing.spec.address.parse() {
@@ -586,7 +594,7 @@ impl NewAddress {
             NewAddress::Metal3(object) => {
                 let api: Api<Metal3IPAddress> =
                     Api::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
-                create_or_compare(&api, &**object, |existing: &Metal3IPAddress| {
+                create_or_compare(&api, &**object, deadline, |existing: &Metal3IPAddress| {
                     (existing.spec.address == object.spec.address
                         && existing.spec.pool.name == object.spec.pool.name
                         && existing.spec.claim.name == object.spec.claim.name)
@@ -601,6 +609,7 @@ impl NewAddress {
 async fn create_or_compare<K>(
     api: &Api<K>,
     object: &K,
+    deadline: Instant,
     compare: impl Fn(&K) -> Option<Created>,
 ) -> Result<Created, Error>
 where
@@ -610,7 +619,12 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    match api.create(&PostParams::default(), object).await {
+    let body = serde_json::to_vec(object).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+    let mut request = kube::core::Request::new(api.resource_url())
+        .create(&PostParams::default(), body)
+        .map_err(|e| Error::Kube(kube::Error::BuildRequest(e)))?;
+    request.extensions_mut().insert(Deadline(deadline));
+    match api.clone().into_client().request::<K>(request).await {
         Ok(_) => Ok(Created::Confirmed),
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let name = object.meta().name.clone().unwrap_or_default();

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::error::Error;
 use crate::alloc::set::AddressSet;
 use crate::alloc::{Family, family};
+use crate::client::clock;
 
 const IPV4_KEY: &str = "ipv4";
 const IPV6_KEY: &str = "ipv6";
@@ -45,15 +46,27 @@ pub const POOL_ANNOTATION: &str = "ipam.bitpool.dev/pool";
 /// not this pool's record.
 pub const POOL_UID_ANNOTATION: &str = "ipam.bitpool.dev/pool-uid";
 
+/// How long after committing a reservation a process may still create its address object. The
+/// create is not sent after it, and is abandoned at its end by the client (queueing included)
+/// and by the API server (told what is left of it as the request's `timeout`): see
+/// [`crate::client::deadline`]. A later create is left to the next reconcile, which commits
+/// again first.
+pub const CREATE_WINDOW: Duration = Duration::from_secs(15);
+/// How long a request may travel between leaving bitpool and reaching the API server. This is
+/// the one bound bitpool cannot enforce from its side (a connection cut off may deliver what it
+/// had sent once it recovers); the README says so.
+pub const TRANSIT_ALLOWANCE: Duration = Duration::from_secs(20);
+/// The latest, after a reservation was committed (on the API server's clock, as measured within
+/// [`clock::ALLOWANCE`]), that its address object's create can still land.
+pub const IN_FLIGHT_BOUND: Duration = Duration::from_secs(
+    CREATE_WINDOW.as_secs() + TRANSIT_ALLOWANCE.as_secs() + clock::ALLOWANCE.as_secs(),
+);
 /// How long a ledger rebuilt from the live address objects hands out no new address. Another
 /// process may have reserved an address in the lost record and be about to create its object:
-/// it creates only within [`CREATE_WINDOW`] of its reservation, and the API server finishes or
-/// abandons a request within its request timeout (60 s by default). After the fence a fresh
-/// list of the address objects is adopted, so such an address is never handed out again.
-pub const REBUILD_FENCE: Duration = Duration::from_secs(90);
-/// How long after committing a reservation a process may still create its address object; a
-/// later create is left to the next reconcile, which commits again first.
-pub const CREATE_WINDOW: Duration = Duration::from_secs(15);
+/// that create lands within [`IN_FLIGHT_BOUND`] of the reservation, which was made before the
+/// record was lost. After the fence a fresh list of the address objects is adopted, so such an
+/// address is never handed out again.
+pub const REBUILD_FENCE: Duration = IN_FLIGHT_BOUND;
 /// The most data a ledger's reservations may take (their JSON in `data.pending`): whatever the
 /// length of the claims' names, reservations stay far below the API server's limit for a
 /// ConfigMap (1 MiB, data and binary data together) beside the bitmaps. Claims beyond it wait for
@@ -703,11 +716,14 @@ mod tests {
             rebuilt_at: Some("2026-11-30T04:00:00Z".into()),
             ..Default::default()
         };
+        // The window, the transit allowance and the clock allowance: 15 + 20 + 2 s.
         assert_eq!(
             ledger.fenced_until("2026-11-30T04:00:10Z").as_deref(),
-            Some("2026-11-30T04:01:30Z")
+            Some("2026-11-30T04:00:37Z")
         );
-        assert_eq!(ledger.fenced_until("2026-11-30T04:01:30Z"), None);
+        assert_eq!(ledger.fenced_until("2026-11-30T04:00:37Z"), None);
+        // A fence that seems to start in the future (a clock ahead wrote it) ends no earlier.
+        assert!(ledger.fenced_until("2026-11-30T03:58:00Z").is_some());
         assert_eq!(Ledger::default().fenced_until("2026-11-30T04:00:10Z"), None);
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
@@ -149,8 +150,15 @@ pub fn indexes_patch<V: serde::Serialize>(
     json!({ "status": { "indexes": indexes, "lastUpdated": last_updated } })
 }
 
+/// How long ago `then` was at `now`; zero for a time still to come (a clock that was ahead
+/// wrote it), never the distance to it.
+pub fn elapsed(then: k8s_openapi::jiff::Timestamp, now: k8s_openapi::jiff::Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(then)).unwrap_or(Duration::ZERO)
+}
+
+/// Now on the API server's clock (see [`crate::client::clock`]): what other processes read.
 pub fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
+    Time(crate::client::clock::now())
 }
 
 pub fn condition(

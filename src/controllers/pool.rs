@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 
 use super::Context;
 use super::error::Error;
-use super::intent::{Intent, Refusal, Request};
+use super::intent::{self, Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
 use super::objects::{self, FinalizerPatch};
@@ -426,7 +426,7 @@ async fn select_claims<P: PoolDialect>(
 ) -> Result<Selected, Error> {
     // The reuse grace period does not hold up the release of a pool that is being deleted.
     let grace = pool.reuse_grace().filter(|_| !deleting_pool);
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = objects::now().0;
     let mut claims = pool.claims(ctx);
     claims.sort_by_key(age);
     let mut namespaces_of: HashMap<String, HashSet<String>> = HashMap::new();
@@ -462,7 +462,7 @@ async fn select_claims<P: PoolDialect>(
                 if !objects::has_finalizer(claim.meta(), finalizer) {
                     continue;
                 }
-                let elapsed = now.duration_since(deleted.0).unsigned_abs();
+                let elapsed = objects::elapsed(deleted.0, now);
                 match grace.filter(|g| *g > elapsed) {
                     Some(g) => {
                         let wait = g - elapsed;
@@ -764,7 +764,7 @@ async fn transact<P: PoolDialect>(
             .extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
         let vanished = vanished_reservations(ctx, &stored.ledger, claims).await;
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
-        batch.second.release_claims.extend(vanished);
+        batch.second.release_unlanded.extend(vanished);
     }
     let second =
         transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.second, false).await;
@@ -1003,7 +1003,8 @@ async fn plan_releases<P: PoolDialect>(
                 batch.to_delete.push((claim.clone(), a.clone()));
             }
             None => {
-                batch.first.release_claims.push(id.uid);
+                // No object of the claim was seen: one may still be on its way.
+                batch.first.release_unlanded.push(id.uid);
                 batch.finished.push(claim.clone());
             }
         }
@@ -1097,6 +1098,7 @@ async fn create_addresses<P: PoolDialect>(
     spec_error: &Option<String>,
 ) {
     let key = pool.key();
+    let deadline = committed + ledger::CREATE_WINDOW;
     let mut creations: Vec<(AnyClaim, Lease, Result<NewAddress, String>)> = Vec::new();
     for claim in std::mem::take(&mut batch.to_create) {
         let Some(outcome) = claim.id().and_then(|id| outcomes.get(&id.uid)) else {
@@ -1123,8 +1125,8 @@ async fn create_addresses<P: PoolDialect>(
         let ctx = ctx.clone();
         async move {
             let result = match &object {
-                _ if ctx.shutting_down() || committed.elapsed() > ledger::CREATE_WINDOW => None,
-                Ok(object) => Some(object.create(&ctx, &claim).await),
+                _ if ctx.shutting_down() || Instant::now() >= deadline => None,
+                Ok(object) => Some(object.create(&ctx, &claim, deadline.into()).await),
                 Err(problem) => Some(Ok(Created::Conflict(problem.clone()))),
             };
             (claim, lease, object.map(|o| o.name()).ok(), result)
@@ -1395,6 +1397,10 @@ fn next_check(
     if ctx.orphan_watch(key).is_some() {
         next = next.min(ORPHAN_GRACE);
     }
+    if !batch.first.release_unlanded.is_empty() {
+        // Their reservations are freed once no create of theirs can land.
+        next = next.min(ledger::IN_FLIGHT_BOUND);
+    }
     next
 }
 
@@ -1485,21 +1491,19 @@ async fn orphaned_objects(
     Ok(orphaned)
 }
 
-/// Reservations whose claim no longer exists (checked on the server once they are older than
-/// [`ORPHAN_GRACE`]): a claim deleted while its allocation was in flight.
+/// Reservations whose claim no longer exists (checked on the server once no create of theirs
+/// can land any more, [`ledger::IN_FLIGHT_BOUND`]): a claim deleted while its allocation was in
+/// flight.
 async fn vanished_reservations(
     ctx: &Context,
     ledger: &Ledger,
     claims: &Selected,
 ) -> Result<Vec<String>, Error> {
     let known: HashSet<&String> = claims.all.values().collect();
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let now = objects::now().0.to_string();
     let mut vanished = Vec::new();
     for reservation in ledger.pending.values() {
-        let old = reservation
-            .since
-            .parse::<k8s_openapi::jiff::Timestamp>()
-            .is_ok_and(|since| now.duration_since(since).unsigned_abs() > ORPHAN_GRACE);
+        let old = intent::no_create_can_land(reservation, &now);
         if known.contains(&reservation.claim_uid) || !old {
             continue;
         }

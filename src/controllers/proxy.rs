@@ -218,7 +218,10 @@ async fn reconcile_proxy(
                 ) else {
                     continue;
                 };
-                let outcome = match object.create(&ctx, &any).await? {
+                // A mirror of an address that exists: no reservation's window applies.
+                let deadline =
+                    tokio::time::Instant::now() + crate::client::deadline::WRITE_DEADLINE;
+                let outcome = match object.create(&ctx, &any, deadline).await? {
                     super::kinds::Created::Confirmed | super::kinds::Created::Own(_) => {
                         indexes.insert(name.clone(), address.spec.address.clone());
                         Outcome::Allocated {

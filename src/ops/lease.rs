@@ -18,6 +18,8 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use crate::client::clock;
+
 /// Leader election settings, as the CAPI manager flags give them.
 #[derive(Clone, Debug)]
 pub struct ElectionSettings {
@@ -34,6 +36,8 @@ pub enum ElectionError {
         "--leader-elect-renew-deadline ({renew:?}) must be shorter than --leader-elect-lease-duration ({lease:?})"
     )]
     Durations { lease: Duration, renew: Duration },
+    #[error("refusing to take part in leader election: {0}")]
+    Clock(String),
     #[error("cannot take part in leader election on Lease {namespace}/{name}: {reason}")]
     Lease {
         namespace: String,
@@ -130,6 +134,11 @@ pub async fn elect(
             renew: renew_deadline,
         });
     }
+    // Candidates judge the lease on their own clocks: one far off would take it from a leader
+    // that still holds it. (The connection has been checked: the server's clock is measured.)
+    if let Some(skew) = clock::skew_beyond_bound() {
+        return Err(ElectionError::Clock(skew));
+    }
     let lease_error = |reason: String| ElectionError::Lease {
         namespace: settings.namespace.clone(),
         name: settings.lease_name.clone(),
@@ -187,6 +196,9 @@ pub async fn elect(
     ))
 }
 
+/// How often a leader checks that its clock still agrees with the API server's.
+const CLOCK_CHECK: Duration = Duration::from_secs(5);
+
 /// How long this process trusts the lease after its last renewal.
 struct Fence {
     identity: String,
@@ -223,10 +235,13 @@ async fn follow(
         .boxed();
     let mut held_until: Option<Instant> = None;
     let far = Duration::from_secs(3600);
+    let mut clock_check = tokio::time::interval(CLOCK_CHECK);
+    let mut skewed = None;
     loop {
         let deadline = held_until.unwrap_or_else(|| Instant::now() + far);
         tokio::select! {
             _ = &mut stopped => break,
+            _ = clock_check.tick() => skewed = clock::skew_beyond_bound(),
             changed = manager_says.changed() => if changed.is_err() { break },
             event = renewals.next() => match event {
                 Some(Ok(lease)) => held_until = fence.held_until(&lease, Timestamp::now(), Instant::now()),
@@ -235,10 +250,14 @@ async fn follow(
             },
             _ = tokio::time::sleep_until(deadline), if held_until.is_some() => held_until = None,
         }
-        let leading = *manager_says.borrow() && held_until.is_some_and(|t| Instant::now() < t);
+        let leading = *manager_says.borrow()
+            && held_until.is_some_and(|t| Instant::now() < t)
+            && skewed.is_none();
         if leading != *sender.borrow() {
             if leading {
                 tracing::info!(identity = %fence.identity, "became the leader");
+            } else if let Some(skew) = &skewed {
+                tracing::error!(identity = %fence.identity, "stopped leading: {skew}");
             } else {
                 tracing::warn!(identity = %fence.identity, "stopped leading: no more writes until the lease is held again");
             }

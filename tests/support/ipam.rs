@@ -22,7 +22,7 @@ use kube::{Resource, ResourceExt};
 use super::{Bitpool, Env, eventually};
 
 pub const WAIT: Duration = Duration::from_secs(90);
-/// Long enough for a rebuilt ledger's fence (90 s) and the batches after it.
+/// Long enough for a rebuilt ledger's fence (37 s) and the batches after it.
 pub const AFTER_FENCE: Duration = Duration::from_secs(240);
 pub const CAPI_GROUP: &str = "ipam.cluster.x-k8s.io";
 pub const METAL3_GROUP: &str = "ipam.metal3.io";

@@ -268,16 +268,36 @@ impl Bitpool {
     fn spawn_with(filter: &str, ledger_namespace: &str, extra_args: &[&str]) -> Self {
         let mut args = vec!["--watch-filter", filter];
         args.extend_from_slice(extra_args);
-        Self::spawn_in(kubeconfig_path(), filter, ledger_namespace, &args)
+        Self::spawn_in(kubeconfig_path(), filter, ledger_namespace, &args, &[])
+    }
+
+    /// Like [`Bitpool::start`], on a machine whose clock is off by `offset` (libfaketime's
+    /// `FAKETIME`, e.g. `+120s` or `-400d`); the monotonic clock is left alone.
+    pub fn start_with_clock(namespace: &str, offset: &str, extra_args: &[&str]) -> Self {
+        let mut args = vec!["--watch-filter", namespace, "--namespace", namespace];
+        args.extend_from_slice(extra_args);
+        let library = faketime_library();
+        let env = [
+            ("LD_PRELOAD", library.as_str()),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ];
+        Self::spawn_in(kubeconfig_path(), namespace, namespace, &args, &env)
     }
 
     /// Starts `bitpool run` with `args` alone (no namespace or watch filter) against the
     /// cluster of `kubeconfig`, as a deployment runs it; `name` names its log.
     pub fn start_in(kubeconfig: &Path, name: &str, args: &[&str]) -> Self {
-        Self::spawn_in(kubeconfig, name, "bitpool-system", args)
+        Self::spawn_in(kubeconfig, name, "bitpool-system", args, &[])
     }
 
-    fn spawn_in(kubeconfig: &Path, name: &str, ledger_namespace: &str, args: &[&str]) -> Self {
+    fn spawn_in(
+        kubeconfig: &Path,
+        name: &str,
+        ledger_namespace: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let dir = root().join("target/test-logs");
@@ -294,6 +314,7 @@ impl Bitpool {
             .env("BITPOOL_HEALTH_ADDR", "0")
             .env("BITPOOL_DIAGNOSTICS_ADDRESS", "0")
             .env("RUST_LOG", "info,bitpool=debug,kube_runtime=debug")
+            .envs(env.iter().copied())
             .stdout(file.try_clone().expect("log file handle"))
             .stderr(file)
             .spawn()
@@ -344,6 +365,21 @@ impl Bitpool {
 impl Drop for Bitpool {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// libfaketime's multithreaded library (Debian's libfaketime package), which hack/test.sh
+/// installs; a test that needs it fails without it.
+fn faketime_library() -> String {
+    let found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|dir| dir.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|path| path.exists());
+    match found {
+        Some(path) => path.display().to_string(),
+        None => panic!("libfaketime is not installed (Debian: apt-get install libfaketime)"),
     }
 }
 
