@@ -687,6 +687,114 @@ async fn global_preallocations_name_the_namespace() {
     assert_warnings_name_objects(&bitpool);
 }
 
+/// An address held by two claims' objects (here a hand-made IPAddress naming another claim's
+/// address) is said out loud on the pool, and stays allocated while either holds it: when one
+/// claim goes, a third claim does not get it.
+#[tokio::test]
+async fn a_duplicate_is_reported_and_never_handed_to_a_third_claim() {
+    let env = Env::new("duplicate")
+        .await
+        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let bitpool = Bitpool::start(env.name(), &[]);
+    capi_pool(&env, "dup", capi_spec(&["10.66.0.1-10.66.0.2"], 24)).await;
+    claim(&env, "a", "InClusterIPPool", "dup").await;
+    claim(&env, "filler", "InClusterIPPool", "dup").await;
+    assert_consistent(&env, "InClusterIPPool", "dup", 2, WAIT).await;
+    let shared = address_of(&env, "a").await;
+    claim(&env, "b", "InClusterIPPool", "dup").await;
+    wait_claim(&env, "b", "refused: the pool is exhausted", |c| {
+        c.reason == "PoolExhausted"
+    })
+    .await;
+    let by_hand = IPAddress::new(
+        "b",
+        bitpool::api::capi::IPAddressSpec {
+            claim_ref: bitpool::api::capi::LocalObjectName { name: "b".into() },
+            pool_ref: bitpool::api::capi::IPPoolReference {
+                name: "dup".into(),
+                kind: "InClusterIPPool".into(),
+                api_group: CAPI_GROUP.into(),
+            },
+            address: shared.clone(),
+            prefix: 24,
+            gateway: None,
+        },
+    );
+    let by_hand = IPAddress {
+        metadata: env.meta("b"),
+        ..by_hand
+    };
+    create(&env.api(), &by_hand).await;
+
+    let pools: Api<InClusterIPPool> = env.api();
+    let reported = eventually("the pool reports the duplicate", WAIT, || async {
+        let pool = pools.get("dup").await.ok()?;
+        let ready = pool
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.reason == "DuplicateAddress").then_some(ready.message)
+    })
+    .await;
+    assert!(
+        reported.contains(&shared) && reported.contains("/a") && reported.contains("/b"),
+        "{reported}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    eventually("an Event names the duplicate", WAIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("DuplicateAddress"))
+            .then_some(())
+    })
+    .await;
+
+    // One holder goes: the other still holds the address, and a new claim does not get it.
+    delete_claim(&env, "a").await;
+    claim(&env, "c", "InClusterIPPool", "dup").await;
+    wait_claim(&env, "c", "refused: the pool is exhausted", |c| {
+        c.reason == "PoolExhausted"
+    })
+    .await;
+    let addresses: Api<IPAddress> = env.api();
+    assert!(
+        addresses
+            .get_opt("c")
+            .await
+            .expect("read IPAddress c")
+            .is_none(),
+        "claim c got an address while {shared} was still held by b"
+    );
+    let ledger = env
+        .ledger("InClusterIPPool", "dup")
+        .await
+        .expect("the ledger");
+    let held: std::net::IpAddr = shared.parse().expect("an address");
+    assert!(ledger.contains(held), "{shared} was freed while b holds it");
+
+    // The last holder goes: now the address is free again, for c.
+    delete_claim(&env, "b").await;
+    wait_claim(&env, "c", "served", |c| c.status == "True").await;
+    assert_consistent(&env, "InClusterIPPool", "dup", 2, WAIT).await;
+    assert_eq!(address_of(&env, "c").await, shared);
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// Deletes the claim `name` and waits until it is gone (its address released).
+async fn delete_claim(env: &Env, name: &str) {
+    let claims: Api<IPAddressClaim> = env.api();
+    claims
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete claim {name}: {e}"));
+    eventually(&format!("claim {name} is gone"), WAIT, || async {
+        matches!(claims.get_opt(name).await, Ok(None)).then_some(())
+    })
+    .await;
+}
+
 /// An IPClaim on a pool whose namePrefix makes invalid address object names is told which name
 /// and why, and nothing is allocated.
 #[tokio::test]

@@ -10,6 +10,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::duplicates;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::objects;
 use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
@@ -177,8 +178,13 @@ pub(super) fn status_patch(
             );
             objects::condition("Ready", false, "LedgerRebuilt", message, generation)
         });
-    let ready = match (ready.status.as_str(), fenced) {
-        ("True", Some(fenced)) => fenced,
+    let shared = (!report.shared.is_empty()).then(|| {
+        let message = duplicates::message(report.shared, &show);
+        objects::condition("Ready", false, "DuplicateAddress", message, generation)
+    });
+    let ready = match (ready.status.as_str(), fenced, shared) {
+        ("True", _, Some(shared)) => shared,
+        ("True", Some(fenced), None) => fenced,
         _ => ready,
     };
     let conditions_changed = objects::set_condition(&mut next.conditions, ready);

@@ -17,6 +17,7 @@
 pub mod capi;
 pub mod claims;
 pub mod context;
+pub mod duplicates;
 pub mod error;
 pub mod intent;
 pub mod kinds;

@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::Context;
+use super::duplicates::{self, SharedAddress};
 use super::error::Error;
 use super::intent::{self, Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
@@ -177,6 +178,8 @@ pub struct Report<'a> {
     pub spec_error: Option<&'a str>,
     /// Claim name → address, for the claims that hold one.
     pub holders: &'a BTreeMap<(ClaimKind, String), IpAddr>,
+    /// Addresses the pool's objects hold for more than one claim.
+    pub shared: &'a [SharedAddress],
 }
 
 /// What a pool kind brings to the engine. Everything here is synchronous and pure over the
@@ -575,6 +578,33 @@ fn index_by_claim(
     (index, extras)
 }
 
+/// Addresses the live objects of more than one claim hold (one object per claim: a claim's
+/// second objects are another matter, see [`index_by_claim`]).
+fn shared_addresses<P: PoolDialect>(pool: &P, addresses: &AddressIndex) -> Vec<SharedAddress> {
+    duplicates::shared(
+        addresses
+            .values()
+            .filter(|a| a.meta().deletion_timestamp.is_none())
+            .filter_map(|a| Some((pool.held(a)?, a.describe()))),
+    )
+}
+
+/// Says so when the pool's objects hold an address for more than one claim: the log, an Event
+/// and the metric (the status says it too, where the pool kind has conditions).
+fn report_shared<P: PoolDialect>(pool: &P, ctx: &Context, shared: &[SharedAddress]) {
+    ctx.ops
+        .metrics
+        .pool_duplicated(&pool_labels(&pool.key()), shared.len());
+    if shared.is_empty() {
+        return;
+    }
+    let message = duplicates::message(shared, |a| pool.show(a));
+    tracing::error!(pool = %pool.key().describe(), "{message}");
+    ctx.ops
+        .events
+        .publish(pool.object_ref(&()), Reason::DuplicateAddress, message);
+}
+
 fn claim_key(claim: &AnyClaim) -> ClaimKey {
     (claim.kind(), claim.namespace(), claim.name())
 }
@@ -639,6 +669,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         .filter_map(|c| Some((claim_key(c), c.status_address_name()?)))
         .collect();
     let (addresses, extras) = index_by_claim(pool.addresses(&ctx, None), &named);
+    let shared = shared_addresses(&*pool, &addresses);
     let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
     batch.duplicates = second_objects::<P>(&claims, extras);
     batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
@@ -674,7 +705,9 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         ledger: &done.ledger,
         spec_error: spec_error.as_deref(),
         holders: &batch.holders,
+        shared: &shared,
     };
+    report_shared(&*pool, &ctx, &shared);
     if let Some(patch) = pool.status_patch(&report) {
         let api = pool.api_for(ctx.client.clone());
         objects::merge_status(&api, &pool.name_any(), patch).await?;
@@ -992,6 +1025,11 @@ async fn plan_releases<P: PoolDialect>(
         true => None,
         false => Some(fresh_objects_of(pool, ctx, missing).await?),
     };
+    // An address another claim's object holds too stays allocated when this one goes.
+    let shared: HashSet<IpAddr> = shared_addresses(pool, addresses)
+        .into_iter()
+        .map(|s| s.address)
+        .collect();
     for claim in &claims.releasing {
         let Some(id) = claim.id() else { continue };
         let object = addresses
@@ -999,7 +1037,9 @@ async fn plan_releases<P: PoolDialect>(
             .or_else(|| fresh.as_ref()?.get(&claim_key(claim)));
         match object.and_then(|a| Some((pool.held(a)?, a))) {
             Some((ip, a)) => {
-                batch.first.bind.push((ip, id));
+                if !shared.contains(&ip) {
+                    batch.first.bind.push((ip, id));
+                }
                 batch.to_delete.push((claim.clone(), a.clone()));
             }
             None => {

@@ -32,6 +32,8 @@ pub enum Reason {
     PoolExhausted,
     /// A pool's spec cannot be served.
     InvalidSpec,
+    /// A pool's objects hold one address for more than one claim.
+    DuplicateAddress,
 }
 
 impl Reason {
@@ -41,13 +43,16 @@ impl Reason {
             Reason::AddressReleased => "AddressReleased",
             Reason::PoolExhausted => "PoolExhausted",
             Reason::InvalidSpec => "InvalidSpec",
+            Reason::DuplicateAddress => "DuplicateAddress",
         }
     }
 
     fn event_type(self) -> EventType {
         match self {
             Reason::AddressAllocated | Reason::AddressReleased => EventType::Normal,
-            Reason::PoolExhausted | Reason::InvalidSpec => EventType::Warning,
+            Reason::PoolExhausted | Reason::InvalidSpec | Reason::DuplicateAddress => {
+                EventType::Warning
+            }
         }
     }
 
@@ -55,7 +60,7 @@ impl Reason {
         match self {
             Reason::AddressAllocated | Reason::PoolExhausted => "Allocate",
             Reason::AddressReleased => "Release",
-            Reason::InvalidSpec => "Validate",
+            Reason::InvalidSpec | Reason::DuplicateAddress => "Validate",
         }
     }
 }

@@ -52,6 +52,7 @@ pub struct Metrics {
     pool_used: Family<PoolLabels, AddressGauge>,
     pool_free: Family<PoolLabels, AddressGauge>,
     pool_out_of_range: Family<PoolLabels, AddressGauge>,
+    pool_duplicated: Family<PoolLabels, AddressGauge>,
     allocations: Family<KindLabels, Counter>,
     releases: Family<KindLabels, Counter>,
     ledger_conflicts: Family<KindLabels, Counter>,
@@ -82,6 +83,7 @@ impl Metrics {
             pool_used: Family::default(),
             pool_free: Family::default(),
             pool_out_of_range: Family::default(),
+            pool_duplicated: Family::default(),
             allocations: Family::default(),
             releases: Family::default(),
             ledger_conflicts: Family::default(),
@@ -111,6 +113,11 @@ impl Metrics {
             "pool_addresses_out_of_range",
             "Addresses held by claims that the pool's current ranges no longer contain",
             metrics.pool_out_of_range.clone(),
+        );
+        registry.register(
+            "pool_addresses_duplicated",
+            "Addresses of a pool that its address objects hold for more than one claim (never handed out again while so)",
+            metrics.pool_duplicated.clone(),
         );
         registry.register(
             "allocations",
@@ -153,6 +160,11 @@ impl Metrics {
         }
     }
 
+    /// Records how many of a pool's addresses are held for more than one claim.
+    pub fn pool_duplicated(&self, pool: &PoolLabels, count: usize) {
+        self.pool_duplicated.get_or_create(pool).set(count as f64);
+    }
+
     /// Records a pool's usage after a reconcile.
     pub fn pool_usage(&self, pool: &PoolLabels, counts: &Counts) {
         let set = |family: &Family<PoolLabels, AddressGauge>, value: u128| {
@@ -164,8 +176,9 @@ impl Metrics {
         set(&self.pool_out_of_range, counts.out_of_range);
     }
 
-    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 4] {
+    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 5] {
         [
+            &self.pool_duplicated,
             &self.pool_total,
             &self.pool_used,
             &self.pool_free,
