@@ -640,12 +640,13 @@ async fn malformed_pools_are_reported_and_serve_nothing() {
 }
 
 /// A global pool's preallocation names the claim's namespace: a claim of the same name in
-/// another namespace cannot take it. A bare name still works where no other namespace uses it.
+/// another namespace cannot take it, even created first, neither by a qualified key nor by a bare
+/// one (which serves only the namespace the pool's annotation names).
 #[tokio::test]
 async fn global_preallocations_name_the_namespace() {
-    let Some(env) = Env::new("prealloc").await else {
-        return;
-    };
+    let env = Env::new("prealloc")
+        .await
+        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
     let other = support::TestNamespace::new(&env.client, "prealloc-other").await;
     let bitpool = Bitpool::start_all_namespaces(env.name());
     let mut spec = capi_spec(&["10.70.0.0/24"], 24);
@@ -654,31 +655,47 @@ async fn global_preallocations_name_the_namespace() {
         ("solo".to_string(), "10.70.0.60".to_string()),
     ]);
     let global = global_pool(&env, "pre", spec).await;
-    // The thief comes first.
-    let mut thief = claim_object(&env, "web", CAPI_GROUP, "GlobalInClusterIPPool", &global);
-    thief.metadata.namespace = Some(other.name.clone());
-    create(&Api::namespaced(env.client.clone(), &other.name), &thief).await;
-    claim(&env, "web", "GlobalInClusterIPPool", &global).await;
-    claim(&env, "solo", "GlobalInClusterIPPool", &global).await;
+    // The pool's owner names the namespace its bare keys are for.
+    let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
+    let annotation = bitpool::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION;
+    let owner = json!({ "metadata": { "annotations": { annotation: env.name() } } });
+    globals
+        .patch(&global, &PatchParams::default(), &Patch::Merge(&owner))
+        .await
+        .expect("annotate the pool");
+    // The squatters come first, with both names, from another namespace.
+    let theirs: Api<IPAddressClaim> = Api::namespaced(env.client.clone(), &other.name);
+    for name in ["web", "solo"] {
+        let mut squatter = claim_object(&env, name, CAPI_GROUP, "GlobalInClusterIPPool", &global);
+        squatter.metadata.namespace = Some(other.name.clone());
+        create(&theirs, &squatter).await;
+    }
     let served = |api: Api<IPAddress>, name: &'static str| async move {
         eventually(&format!("{name} served"), WAIT, || async {
             api.get_opt(name).await.ok()?.map(|a| a.spec.address)
         })
         .await
     };
+    let other_addresses = || Api::namespaced(env.client.clone(), &other.name);
+    let squatted_web = served(other_addresses(), "web").await;
+    let squatted_solo = served(other_addresses(), "solo").await;
+    claim(&env, "web", "GlobalInClusterIPPool", &global).await;
+    claim(&env, "solo", "GlobalInClusterIPPool", &global).await;
     assert_eq!(served(env.api(), "web").await, "10.70.0.50");
     assert_eq!(served(env.api(), "solo").await, "10.70.0.60");
-    let stolen = served(Api::namespaced(env.client.clone(), &other.name), "web").await;
     assert_ne!(
-        stolen, "10.70.0.50",
-        "another namespace's claim took the preallocation"
+        squatted_web, "10.70.0.50",
+        "another namespace's claim took the qualified preallocation"
+    );
+    assert_ne!(
+        squatted_solo, "10.70.0.60",
+        "another namespace's claim took the bare preallocation"
     );
     let mut claims: Vec<Api<IPAddressClaim>> = vec![env.api()];
     claims.push(Api::namespaced(env.client.clone(), &other.name));
     for api in &claims {
         delete_all_claims(api).await;
     }
-    let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
     let _ = globals.delete(&global, &DeleteParams::default()).await;
     eventually("the global pool to be deleted", WAIT, || async {
         matches!(globals.get_opt(&global).await, Ok(None)).then_some(())

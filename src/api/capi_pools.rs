@@ -18,6 +18,10 @@ pub const CLAIM_FINALIZER: &str = "ipam.cluster.x-k8s.io/ReleaseAddress";
 pub const ADDRESS_FINALIZER: &str = "ipam.cluster.x-k8s.io/ProtectAddress";
 /// On a pool: held while any address is allocated from it.
 pub const POOL_FINALIZER: &str = "ipam.cluster.x-k8s.io/ProtectPool";
+/// On a cluster-scoped pool: the namespace whose claims bare `preAllocations` keys (`<name>`)
+/// name. Without it only `<namespace>/<name>` keys name a claim: a bare key would go to
+/// whichever namespace first claimed that name.
+pub const PREALLOCATION_NAMESPACE_ANNOTATION: &str = "ipam.bitpool.dev/preallocation-namespace";
 /// Lets `clusterctl move` delete a pool that still has addresses.
 pub const SKIP_DELETE_CHECK_ANNOTATION: &str = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook";
 

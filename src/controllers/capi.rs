@@ -1,7 +1,7 @@
 //! The CAPI IPAM provider's dialect: InClusterIPPool and GlobalInClusterIPPool serving
 //! IPAddressClaims with IPAddresses named after the claims, as the in-cluster provider does.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -263,22 +263,82 @@ impl PoolDialect for GlobalInClusterIPPool {
     }
 
     /// Claims of any namespace share a global pool, so a preallocation names the claim's
-    /// namespace: `<namespace>/<name>`. A bare `<name>` (the in-cluster provider's form) still
-    /// names the claim when no other namespace has a claim of that name on the pool.
-    fn preallocation_key(&self, claim: &AnyClaim, shared_names: &HashSet<String>) -> String {
-        global_preallocation_key(&self.spec.pool.pre_allocations, claim, shared_names)
+    /// namespace: `<namespace>/<name>`; see [`global_preallocation_key`].
+    fn preallocation_key(&self, claim: &AnyClaim) -> String {
+        global_preallocation_key(self.meta(), &self.spec.pool.pre_allocations, claim)
     }
 }
 
+/// The key that names `claim` among a cluster-scoped pool's `preAllocations`: `<namespace>/<name>`,
+/// or the bare `<name>` for a claim of the namespace the pool's
+/// [`PREALLOCATION_NAMESPACE_ANNOTATION`] names (a qualified key wins over a bare one).
 pub(super) fn global_preallocation_key(
+    pool: &ObjectMeta,
     pre_allocations: &BTreeMap<String, String>,
     claim: &AnyClaim,
-    shared_names: &HashSet<String>,
 ) -> String {
     let qualified = format!("{}/{}", claim.namespace(), claim.name());
-    if pre_allocations.contains_key(&qualified) || shared_names.contains(&claim.name()) {
-        qualified
-    } else {
+    let bare_namespace = pool
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION));
+    if !pre_allocations.contains_key(&qualified) && bare_namespace == Some(&claim.namespace()) {
         claim.name()
+    } else {
+        qualified
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::capi::{IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
+    use crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION;
+    use std::sync::Arc;
+
+    fn claim(namespace: &str, name: &str) -> AnyClaim {
+        let mut claim = IPAddressClaim::new(
+            name,
+            IPAddressClaimSpec {
+                cluster_name: None,
+                pool_ref: IPPoolReference::default(),
+            },
+        );
+        claim.metadata.namespace = Some(namespace.into());
+        AnyClaim::Capi(Arc::new(claim))
+    }
+
+    #[test]
+    fn bare_preallocation_keys_name_only_the_pools_own_namespace() {
+        let keys = BTreeMap::from([
+            ("vip".to_string(), "10.0.0.5".to_string()),
+            ("infra/api".to_string(), "10.0.0.6".to_string()),
+            ("api".to_string(), "10.0.0.7".to_string()),
+        ]);
+        let owned = ObjectMeta {
+            annotations: Some(BTreeMap::from([(
+                PREALLOCATION_NAMESPACE_ANNOTATION.to_string(),
+                "infra".to_string(),
+            )])),
+            ..Default::default()
+        };
+        let unowned = ObjectMeta::default();
+        let cases = [
+            (&owned, "infra", "vip", "vip"),
+            (&owned, "tenant", "vip", "tenant/vip"),
+            // A qualified key wins over a bare one.
+            (&owned, "infra", "api", "infra/api"),
+            (&owned, "tenant", "api", "tenant/api"),
+            // Without the annotation no bare key names anybody.
+            (&unowned, "infra", "vip", "infra/vip"),
+            (&unowned, "tenant", "vip", "tenant/vip"),
+        ];
+        for (pool, namespace, name, key) in cases {
+            assert_eq!(
+                global_preallocation_key(pool, &keys, &claim(namespace, name)),
+                key,
+                "{namespace}/{name}"
+            );
+        }
     }
 }

@@ -259,9 +259,8 @@ pub trait PoolDialect:
     fn address_name_problem(&self, _claim: &AnyClaim, _family: alloc::Family) -> Option<String> {
         None
     }
-    /// The `preAllocations` key that names `claim`. `shared_names` are the claim names that more
-    /// than one namespace uses among the pool's claims.
-    fn preallocation_key(&self, claim: &AnyClaim, _shared_names: &HashSet<String>) -> String {
+    /// The `preAllocations` key that names `claim`.
+    fn preallocation_key(&self, claim: &AnyClaim) -> String {
         claim.name()
     }
     /// The pool's status patch from `report`, or `None` when nothing changed.
@@ -382,8 +381,6 @@ struct Selected {
     grace_wait: Option<Duration>,
     /// Every claim naming the pool, as (kind, namespace, name) → UID.
     all: HashMap<ClaimKey, String>,
-    /// Claim names used in more than one namespace.
-    shared_names: HashSet<String>,
     /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
     /// again at once.
     again: bool,
@@ -432,13 +429,6 @@ async fn select_claims<P: PoolDialect>(
     let now = objects::now().0;
     let mut claims = pool.claims(ctx);
     claims.sort_by_key(age);
-    let mut namespaces_of: HashMap<String, HashSet<String>> = HashMap::new();
-    for claim in &claims {
-        namespaces_of
-            .entry(claim.name())
-            .or_default()
-            .insert(claim.namespace());
-    }
     let mut selected = Selected {
         live: Vec::new(),
         releasing: Vec::new(),
@@ -446,11 +436,6 @@ async fn select_claims<P: PoolDialect>(
         all: claims
             .iter()
             .map(|c| (claim_key(c), c.meta().uid.clone().unwrap_or_default()))
-            .collect(),
-        shared_names: namespaces_of
-            .into_iter()
-            .filter(|(_, namespaces)| namespaces.len() > 1)
-            .map(|(name, _)| name)
             .collect(),
         again: false,
     };
@@ -885,7 +870,7 @@ async fn plan<P: PoolDialect>(
     for claim in unserved {
         let held = known.get(&claim_key(&claim));
         if !held.is_some_and(|object| batch.plan_held(pool, &claim, object)) {
-            batch.plan_allocation(pool, &claim, base, &claims.shared_names);
+            batch.plan_allocation(pool, &claim, base);
         }
     }
     plan_releases(pool, ctx, &mut batch, claims, addresses).await?;
@@ -934,7 +919,6 @@ impl Batch {
         pool: &P,
         claim: &AnyClaim,
         base: Option<&transaction::Base>,
-        shared_names: &HashSet<String>,
     ) {
         let Some(id) = claim.id() else { return };
         let problem = base.and_then(|(space, _)| pool.address_name_problem(claim, space.family()));
@@ -959,7 +943,7 @@ impl Batch {
         };
         self.to_create.push(claim.clone());
         self.first.allocate.push(Request {
-            preallocation_key: pool.preallocation_key(claim, shared_names),
+            preallocation_key: pool.preallocation_key(claim),
             claim: id,
             requested,
         });

@@ -6,7 +6,6 @@
 //! edge: an IPAddress is held as the number of the sub-prefix containing its address, a lease
 //! becomes the sub-prefix's network address, and messages name sub-prefixes.
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 
 use kube::api::Api;
@@ -188,9 +187,9 @@ impl PoolDialect for GlobalInClusterPrefixPool {
         Api::all(client)
     }
 
-    /// As for GlobalInClusterIPPool: `<namespace>/<name>` or, when unambiguous, `<name>`.
-    fn preallocation_key(&self, claim: &AnyClaim, shared_names: &HashSet<String>) -> String {
-        global_preallocation_key(&self.spec.pool.pre_allocations, claim, shared_names)
+    /// As for GlobalInClusterIPPool.
+    fn preallocation_key(&self, claim: &AnyClaim) -> String {
+        global_preallocation_key(self.meta(), &self.spec.pool.pre_allocations, claim)
     }
 }
 

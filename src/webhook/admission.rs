@@ -86,24 +86,39 @@ fn warn(
     if request.operation == Operation::Delete {
         return response;
     }
-    let spec = match (request.kind.group.as_str(), kind) {
-        (capi::GROUP, "InClusterIPPool") => {
-            decode::<InClusterIPPool>(kind, request.object.as_ref())
+    let object = request.object.as_ref();
+    fn bare(
+        meta: &kube::api::ObjectMeta,
+        keys: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<String> {
+        let namespace = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION));
+        rules::bare_preallocation_warnings(keys, namespace.map(String::as_str))
+    }
+    let warnings = match (request.kind.group.as_str(), kind) {
+        (capi::GROUP, "InClusterIPPool") => decode::<InClusterIPPool>(kind, object)
+            .ok()
+            .flatten()
+            .map(|p| rules::capi_pool_warnings(&p.spec)),
+        (capi::GROUP, "GlobalInClusterIPPool") => decode::<GlobalInClusterIPPool>(kind, object)
+            .ok()
+            .flatten()
+            .map(|p| {
+                let mut warnings = rules::capi_pool_warnings(&p.spec.pool);
+                warnings.extend(bare(&p.metadata, &p.spec.pool.pre_allocations));
+                warnings
+            }),
+        (capi::GROUP, "GlobalInClusterPrefixPool") => {
+            decode::<GlobalInClusterPrefixPool>(kind, object)
                 .ok()
                 .flatten()
-                .map(|p| p.spec)
-        }
-        (capi::GROUP, "GlobalInClusterIPPool") => {
-            decode::<GlobalInClusterIPPool>(kind, request.object.as_ref())
-                .ok()
-                .flatten()
-                .map(|p| p.spec.pool)
+                .map(|p| bare(&p.metadata, &p.spec.pool.pre_allocations))
         }
         _ => None,
-    };
-    let warnings = spec
-        .map(|s| rules::capi_pool_warnings(&s))
-        .unwrap_or_default();
+    }
+    .unwrap_or_default();
     if !warnings.is_empty() {
         response.warnings = Some(warnings);
     }

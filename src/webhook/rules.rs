@@ -96,6 +96,30 @@ pub fn capi_pool_warnings(spec: &InClusterIPPoolSpec) -> Vec<String> {
         .collect()
 }
 
+/// A cluster-scoped pool's bare `preAllocations` keys (`<name>`) when the pool names no
+/// namespace for them (`bare_namespace`, its annotation): they name no claim.
+pub fn bare_preallocation_warnings(
+    pre_allocations: &BTreeMap<String, String>,
+    bare_namespace: Option<&str>,
+) -> Vec<String> {
+    if bare_namespace.is_some() {
+        return Vec::new();
+    }
+    let bare: Vec<&str> = pre_allocations
+        .keys()
+        .filter(|k| !k.contains('/'))
+        .map(String::as_str)
+        .collect();
+    if bare.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "spec.preAllocations: {} name(s) no namespace and are held for no claim: write <namespace>/<name>, or name the namespace whose claims bare keys are for in annotation {}",
+        bare.join(", "),
+        crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION
+    )]
+}
+
 /// InClusterPrefixPool and GlobalInClusterPrefixPool, on create and update: the layout over
 /// sub-prefix numbers and their numbering.
 pub fn prefix_pool(spec: &InClusterPrefixPoolSpec) -> Result<(Layout, Numbering), Vec<String>> {
@@ -481,6 +505,24 @@ pub fn v1alpha1_pool(spec: &crate::api::capi_pools::v1alpha1::InClusterIPPoolSpe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bare_preallocation_keys_of_a_global_pool_without_a_namespace_are_warned_of() {
+        let keys = BTreeMap::from([
+            ("vip".to_string(), "10.0.0.5".to_string()),
+            ("infra/api".to_string(), "10.0.0.6".to_string()),
+        ]);
+        let warnings = bare_preallocation_warnings(&keys, None);
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].starts_with("spec.preAllocations: vip name(s) no namespace"),
+            "{warnings:?}"
+        );
+        assert!(warnings[0].contains("ipam.bitpool.dev/preallocation-namespace"));
+        assert!(bare_preallocation_warnings(&keys, Some("infra")).is_empty());
+        let qualified = BTreeMap::from([("infra/api".to_string(), "10.0.0.6".to_string())]);
+        assert!(bare_preallocation_warnings(&qualified, None).is_empty());
+    }
     use crate::api::metal3_ipam::Metal3PoolRange;
 
     fn capi(addresses: &[&str], prefix: i32, gateway: Option<&str>) -> InClusterIPPoolSpec {
