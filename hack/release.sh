@@ -30,3 +30,8 @@ for role in capi-ipam:ipam-bitpool baremetal:ipam-bitpool-baremetal; do
   cp metadata.yaml "$dir/metadata.yaml"
   echo "$dir/ipam-components.yaml"
 done
+# What enabling the Metal3Data reconciler adds to the bare-metal bundle's roles (applied by hand
+# beside BITPOOL_CONTROLLERS=…,metal3-data: clusterctl installs only ipam-components.yaml).
+addon=$out/ipam-bitpool-baremetal/$version/metal3-data-rbac.yaml
+"$kustomize" build config/baremetal-metal3-data >"$addon"
+echo "$addon"

@@ -49,6 +49,10 @@ pub struct RbacArgs {
         default_value = "capi-ipam,metal3-ipam,migration-proxy,metal3-data"
     )]
     pub controllers: Vec<ControllerGroup>,
+    /// Print instead what these groups need beyond `--controllers`' roles: a ClusterRole
+    /// `<groups>-role` and its binding, for an installation that enables them later.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub adding: Vec<ControllerGroup>,
     /// Write the roles to this file instead of printing them.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -573,7 +577,16 @@ async fn crds_command(args: CrdsArgs) -> Result<(), Error> {
 }
 
 fn rbac_command(args: RbacArgs) -> Result<(), Error> {
-    let yaml = crate::rbac::to_yaml(groups(&args.controllers)).map_err(Error::Render)?;
+    let base = groups(&args.controllers);
+    let yaml = match args.adding.is_empty() {
+        true => crate::rbac::to_yaml(base),
+        false => {
+            let added = groups(&args.adding);
+            let name = format!("{}-role", added.names().join("-"));
+            crate::rbac::addon_yaml(base, added, &name)
+        }
+    }
+    .map_err(Error::Render)?;
     match args.out {
         Some(path) => std::fs::write(&path, yaml).map_err(|e| Error::Output {
             path: path.display().to_string(),

@@ -41,6 +41,25 @@ fn defaults(text: &str) -> String {
 
 /// The bundle's components applied with kubectl, less the webhook configurations (no pod runs
 /// here to answer them; the webhook tests cover them).
+/// `kubectl` against `plane`, failing the test when it fails.
+fn kubectl(plane: &Dedicated, args: &[&str]) {
+    let output = Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", &plane.kubeconfig)
+        .output()
+        .expect("run kubectl");
+    assert!(
+        output.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The release's files for the bare-metal bundle (rendered once per plane).
+fn release_dir(plane: &Dedicated) -> PathBuf {
+    plane.dir.join("release/ipam-bitpool-baremetal/v0.2.1")
+}
+
 fn apply_components(plane: &Dedicated) {
     let release = plane.dir.join("release");
     let status = Command::new(root().join("hack/release.sh"))
@@ -49,30 +68,21 @@ fn apply_components(plane: &Dedicated) {
         .status()
         .expect("run hack/release.sh");
     assert!(status.success(), "hack/release.sh failed");
-    let rendered = release.join("ipam-bitpool-baremetal/v0.2.1/ipam-components.yaml");
+    let rendered = release_dir(plane).join("ipam-components.yaml");
     let text = std::fs::read_to_string(&rendered).expect("the rendered components");
     let applied = plane.dir.join("components.yaml");
     std::fs::write(&applied, defaults(&text)).expect("write the components");
-    let kubectl = |args: &[&str]| {
-        let output = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", &plane.kubeconfig)
-            .output()
-            .expect("run kubectl");
-        assert!(
-            output.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
     let path = applied.to_str().expect("a UTF-8 path");
-    kubectl(&["apply", "--server-side", "-f", path]);
-    kubectl(&[
-        "delete",
-        "validatingwebhookconfigurations,mutatingwebhookconfigurations",
-        "-l",
-        "cluster.x-k8s.io/provider=ipam-bitpool-baremetal",
-    ]);
+    kubectl(plane, &["apply", "--server-side", "-f", path]);
+    kubectl(
+        plane,
+        &[
+            "delete",
+            "validatingwebhookconfigurations,mutatingwebhookconfigurations",
+            "-l",
+            "cluster.x-k8s.io/provider=ipam-bitpool-baremetal",
+        ],
+    );
 }
 
 /// A kubeconfig that is the ServiceAccount `bitpool-manager`, as its pod would be.
@@ -221,6 +231,26 @@ async fn the_shipped_service_account_serves_every_pool_kind_under_owner_referenc
         matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
         "the bundle's account may list Secrets: {refused:?}"
     );
+    // Secrets are the Metal3Data reconciler's, which the bundle does not enable by default.
+    let refused = secrets.get("rendered").await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 403),
+        "the bundle's account may read Secrets without metal3-data: {refused:?}"
+    );
+    let addon = release_dir(&plane).join("metal3-data-rbac.yaml");
+    kubectl(
+        &plane,
+        &["apply", "-f", addon.to_str().expect("a UTF-8 path")],
+    );
+    eventually(
+        "metal3-data-rbac.yaml lets the account read Secrets",
+        WAIT,
+        || async {
+            matches!(secrets.get("rendered").await, Err(kube::Error::Api(s)) if s.code == 404)
+                .then_some(())
+        },
+    )
+    .await;
     let pools: Api<IPPool> = Api::namespaced(as_bitpool, env.name());
     let deleted = pools
         .delete("anything", &DeleteParams::default())
