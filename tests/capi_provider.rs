@@ -1153,3 +1153,57 @@ async fn a_paused_pool_protects_its_claims_until_it_resumes() {
     env.wait_gone(&env.claims(), "deleted").await;
     env.wait_ready("later", "True", None).await;
 }
+
+/// bitpool's own extensions are bounded by the API server (upstream's fields keep upstream's
+/// schema): at most 4096 preAllocations, each an address or sub-prefix, and 16 DNS servers.
+#[tokio::test]
+async fn the_api_server_bounds_bitpools_extensions() {
+    let env = Env::new("capi-bounds")
+        .await
+        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let pools: Api<InClusterIPPool> = env.api();
+    let pool = |name: &str, edit: &dyn Fn(&mut InClusterIPPoolSpec)| {
+        let mut spec = support::ipam::capi_spec(&["10.80.0.0/16"], 16);
+        edit(&mut spec);
+        InClusterIPPool {
+            metadata: env.meta(name),
+            spec,
+            status: None,
+        }
+    };
+    let refused = |result: Result<InClusterIPPool, kube::Error>, field: &str| match result {
+        Err(kube::Error::Api(status)) if status.code == 422 => {
+            assert!(status.message.contains(field), "{}", status.message)
+        }
+        other => panic!("{field}: not refused: {other:?}"),
+    };
+    let many = |n: usize| -> BTreeMap<String, String> {
+        (0..n)
+            .map(|i| (format!("c{i}"), format!("10.80.{}.{}", i / 256, i % 256)))
+            .collect()
+    };
+    let at_most = pool("at-most", &|s| s.pre_allocations = many(4096));
+    pools
+        .create(&PostParams::default(), &at_most)
+        .await
+        .expect("4096 preAllocations are accepted");
+    let too_many = pool("too-many", &|s| s.pre_allocations = many(4097));
+    refused(
+        pools.create(&PostParams::default(), &too_many).await,
+        "spec.preAllocations",
+    );
+    let long = pool("long-value", &|s| {
+        s.pre_allocations = BTreeMap::from([("c".to_string(), "1".repeat(50))]);
+    });
+    refused(
+        pools.create(&PostParams::default(), &long).await,
+        "spec.preAllocations",
+    );
+    let dns = pool("dns", &|s| {
+        s.dns_servers = vec!["10.0.0.53".to_string(); 17]
+    });
+    refused(
+        pools.create(&PostParams::default(), &dns).await,
+        "spec.dnsServers",
+    );
+}

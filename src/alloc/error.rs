@@ -41,8 +41,9 @@ pub enum SpecError {
     #[error("{field}: {value:?} is not network aligned (its host bits are not zero)")]
     NotNetworkAligned { field: String, value: String },
     #[error(
-        "allocationPrefixLength {length} is not valid for {family} (1 to {})",
-        family.bits()
+        "allocationPrefixLength {length} is not valid for {family} (1 to {}){}",
+        family.bits(),
+        default_length_hint(*length, *family)
     )]
     InvalidAllocationLength { length: i64, family: Family },
     #[error(
@@ -139,5 +140,16 @@ impl AllocError {
     /// the claim itself must change.
     pub fn is_exhaustion(&self) -> bool {
         matches!(self, AllocError::Exhausted)
+    }
+}
+
+/// The prefix pools' API defaults `allocationPrefixLength` to 64, an IPv6 length: an IPv4 pool
+/// that leaves it out gets it, and is told what to set.
+fn default_length_hint(length: i64, family: Family) -> &'static str {
+    match (length, family) {
+        (64, Family::V4) => {
+            "; 64 is the API's default, meant for IPv6: set allocationPrefixLength to the length of the IPv4 sub-prefixes to hand out"
+        }
+        _ => "",
     }
 }

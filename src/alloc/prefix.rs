@@ -474,6 +474,10 @@ mod tests {
                 "allocationPrefixLength 33 is not valid for IPv4",
             ),
             (
+                pool(&["10.0.0.0/8"], 64),
+                "allocationPrefixLength 64 is not valid for IPv4 (1 to 32); 64 is the API's default, meant for IPv6: set allocationPrefixLength",
+            ),
+            (
                 pool(&["fd00::"], 64),
                 "prefixes[0]: \"fd00::\" is not a valid IP",
             ),

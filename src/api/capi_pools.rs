@@ -69,6 +69,7 @@ pub struct InClusterIPPoolSpec {
     pub address_reuse_grace_period_seconds: Option<i32>,
     /// bitpool extension: claim name → the address that claim always gets. Reserved up front.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::pre_allocations")]
     pub pre_allocations: BTreeMap<String, String>,
     /// bitpool extension: `sequential` (default, the lowest free address) or `random`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +77,7 @@ pub struct InClusterIPPoolSpec {
     pub allocation_strategy: Option<AllocationStrategy>,
     /// bitpool extension: DNS servers rendered for networks on this pool (the CAPI contract has none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 45)))]
     pub dns_servers: Vec<String>,
 }
 
@@ -246,6 +248,7 @@ pub struct InClusterPrefixPoolSpec {
     /// bitpool extension: claim name → the sub-prefix (`network/length` or its network address)
     /// that claim always gets. Reserved up front.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "super::schema::pre_allocations")]
     pub pre_allocations: BTreeMap<String, String>,
     /// bitpool extension: `sequential` (default, the lowest free sub-prefix) or `random`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,6 +14,19 @@ pub(crate) fn conditions(generator: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// `preAllocations` (bitpool's extension, so bitpool bounds it): claim → address or sub-prefix.
+/// Values are at most an IPv6 address with an IPv4 tail and a length (49 characters).
+pub(crate) fn pre_allocations(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "additionalProperties": { "type": "string", "maxLength": 49 },
+        "maxProperties": MAX_PRE_ALLOCATIONS,
+    })
+}
+
+/// The most `preAllocations` a pool may have.
+pub const MAX_PRE_ALLOCATIONS: usize = 4096;
+
 /// A free-form value that the API server must keep as written (bond `parameters`).
 pub(crate) fn preserve_unknown(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
