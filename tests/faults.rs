@@ -396,23 +396,25 @@ async fn edit_ledger(env: &Env, pool: &str, edit: impl Fn(&mut ConfigMap)) {
         .expect("edit the ledger");
 }
 
+/// Waits until `pool`'s Ready condition has `reason`; its message.
+async fn wait_pool_reason(env: &Env, pool: &str, reason: &str) -> String {
+    let pools: Api<InClusterIPPool> = env.api();
+    eventually(&format!("pool {pool} says {reason}"), WAIT, || async {
+        let pool = pools.get(pool).await.ok()?;
+        let ready = pool
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.reason == reason).then_some(ready.message)
+    })
+    .await
+}
+
 /// Waits until `pool` says its ledger was rebuilt, for a reason containing `reason`.
 async fn wait_rebuilt(env: &Env, pool: &str, reason: &str) {
-    let pools: Api<InClusterIPPool> = env.api();
-    eventually(
-        &format!("pool {pool} reports a rebuilt ledger"),
-        WAIT,
-        || async {
-            let pool = pools.get(pool).await.ok()?;
-            let ready = pool
-                .status?
-                .conditions
-                .into_iter()
-                .find(|c| c.type_ == "Ready")?;
-            (ready.reason == "LedgerRebuilt" && ready.message.contains(reason)).then_some(())
-        },
-    )
-    .await;
+    let message = wait_pool_reason(env, pool, "LedgerRebuilt").await;
+    assert!(message.contains(reason), "{message}");
 }
 
 /// Losing or damaging a pool's ledger never yields a duplicate: deleted every 0.3 s during a
@@ -743,17 +745,7 @@ async fn a_duplicate_is_reported_and_never_handed_to_a_third_claim() {
     };
     create(&env.api(), &by_hand).await;
 
-    let pools: Api<InClusterIPPool> = env.api();
-    let reported = eventually("the pool reports the duplicate", WAIT, || async {
-        let pool = pools.get("dup").await.ok()?;
-        let ready = pool
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")?;
-        (ready.reason == "DuplicateAddress").then_some(ready.message)
-    })
-    .await;
+    let reported = wait_pool_reason(&env, "dup", "DuplicateAddress").await;
     assert!(
         reported.contains(&shared) && reported.contains("/a") && reported.contains("/b"),
         "{reported}"
@@ -796,6 +788,52 @@ async fn a_duplicate_is_reported_and_never_handed_to_a_third_claim() {
     wait_claim(&env, "c", "served", |c| c.status == "True").await;
     assert_consistent(&env, "InClusterIPPool", "dup", 2, WAIT).await;
     assert_eq!(address_of(&env, "c").await, shared);
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// A pool whose allocation record fills up with addresses scattered over a vast space (here
+/// written into its ledger by hand: 20,000 addresses, each in a /64 of its own) hands out no new
+/// address and says why on the pool and the waiting claim, instead of failing to write its
+/// ledger; once the scattered addresses are found to be held by nothing and released, it serves
+/// again.
+#[tokio::test]
+async fn a_full_allocation_record_is_explained_and_recovers() {
+    let env = Env::new("ledgerfull")
+        .await
+        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let bitpool = Bitpool::start(env.name(), &[]);
+    capi_pool(&env, "wide", capi_spec(&["fd00:77::/48"], 48)).await;
+    claim(&env, "first", "InClusterIPPool", "wide").await;
+    assert_consistent(&env, "InClusterIPPool", "wide", 1, WAIT).await;
+
+    let ledgers: Api<ConfigMap> = env.api();
+    let name = env.ledger_name("InClusterIPPool", "wide");
+    let stored = ledgers.get(&name).await.expect("the ledger");
+    let mut ledger =
+        bitpool::controllers::ledger::Ledger::from_config_map(&stored).expect("a ledger");
+    for i in 0..20_000u128 {
+        let value = (0xfd00_0077u128 << 96) | (i << 64) | 1;
+        ledger.insert(std::net::IpAddr::V6(std::net::Ipv6Addr::from(value)));
+    }
+    assert!(ledger.bitmap_bytes() >= bitpool::controllers::ledger::MAX_BITMAP_BYTES);
+    ledgers
+        .replace(
+            &name,
+            &PostParams::default(),
+            &ledger.to_config_map(stored.metadata),
+        )
+        .await
+        .expect("write the scattered ledger");
+
+    claim(&env, "second", "InClusterIPPool", "wide").await;
+    let waiting = wait_claim(&env, "second", "told the record is full", |c| {
+        c.message.contains("allocation record takes")
+    })
+    .await;
+    assert_eq!(waiting.reason, "PoolExhausted", "{waiting:?}");
+    wait_pool_reason(&env, "wide", "LedgerFull").await;
+    // Nothing holds the scattered addresses: they are released, and the pool serves again.
+    assert_consistent(&env, "InClusterIPPool", "wide", 2, AFTER_FENCE).await;
     assert_warnings_name_objects(&bitpool);
 }
 

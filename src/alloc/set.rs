@@ -85,6 +85,14 @@ impl AddressSet {
 pub struct DecodeError(String);
 
 impl AddressSet {
+    /// The length of [`Self::to_bytes`], without building it.
+    pub fn encoded_len(&self) -> usize {
+        self.halves
+            .values()
+            .map(|half| 16 + half.serialized_size())
+            .sum()
+    }
+
     /// A compact binary form: per high half, its 8 bytes, the length of its roaring encoding
     /// (8 bytes), then the portable roaring serialization of its low halves.
     pub fn to_bytes(&self) -> Vec<u8> {

@@ -12,6 +12,7 @@ use serde_json::json;
 use super::Context;
 use super::duplicates;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::ledger::MAX_BITMAP_BYTES;
 use super::objects;
 use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease};
@@ -182,9 +183,18 @@ pub(super) fn status_patch(
         let message = duplicates::message(report.shared, &show);
         objects::condition("Ready", false, "DuplicateAddress", message, generation)
     });
-    let ready = match (ready.status.as_str(), fenced, shared) {
-        ("True", _, Some(shared)) => shared,
-        ("True", Some(fenced), None) => fenced,
+    let bitmaps = report.ledger.bitmap_bytes();
+    let full = (bitmaps >= MAX_BITMAP_BYTES).then(|| {
+        let message = format!(
+            "the allocation record takes {} KiB of the {} KiB it may, because the pool's addresses are scattered over a vast space; no new address until addresses are released",
+            bitmaps / 1024,
+            MAX_BITMAP_BYTES / 1024
+        );
+        objects::condition("Ready", false, "LedgerFull", message, generation)
+    });
+    // The first that holds says what keeps the pool from serving.
+    let ready = match ready.status.as_str() {
+        "True" => shared.or(full).or(fenced).unwrap_or(ready),
         _ => ready,
     };
     let conditions_changed = objects::set_condition(&mut next.conditions, ready);

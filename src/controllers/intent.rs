@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use rand::Rng;
 
-use super::ledger::{IN_FLIGHT_BOUND, Ledger, PendingRoom, Reservation};
+use super::ledger::{IN_FLIGHT_BOUND, Ledger, MAX_BITMAP_BYTES, PendingRoom, Reservation};
 use crate::alloc::{AddressSpace, AllocError, Lease};
 
 /// A claim as the ledger knows it.
@@ -99,6 +99,11 @@ pub enum Refusal {
     },
     /// The ledger holds as many reservations as it may; the claim is served in the next batch.
     Deferred,
+    /// The ledger's bitmaps take all the room they may ([`MAX_BITMAP_BYTES`]): no new address
+    /// until addresses are released.
+    LedgerFull {
+        bytes: usize,
+    },
 }
 
 /// Frees `address` in the ledger and in the space that mirrors it.
@@ -217,6 +222,8 @@ pub fn apply(
         return (next, outcomes);
     };
     let fenced = next.fenced_until(now);
+    let bitmaps = next.bitmap_bytes();
+    let full = bitmaps >= MAX_BITMAP_BYTES;
     for request in &intent.allocate {
         let reservation = request.claim.reservation(now);
         let reserved = next.reservation_of(&request.claim.uid).map(|(a, _)| a);
@@ -231,6 +238,7 @@ pub fn apply(
             None if fenced.is_some() => Err(Refusal::Fenced {
                 until: fenced.clone().unwrap_or_default(),
             }),
+            None if full => Err(Refusal::LedgerFull { bytes: bitmaps }),
             None if !room.fits(&reservation) => Err(Refusal::Deferred),
             None => match space.allocate(
                 &request.preallocation_key,
@@ -604,6 +612,38 @@ mod tests {
             assert_eq!(!next.contains(ip("10.0.0.2")), freed, "{case}");
             assert_eq!(next.reservation_of("a").is_none(), freed, "{case}");
         }
+    }
+
+    #[test]
+    fn a_ledger_whose_bitmaps_are_full_hands_out_nothing_new() {
+        let mut rng = StdRng::seed_from_u64(10);
+        // Addresses each in a /64 of its own: the costliest there are to record.
+        let scattered = (0..20_000u128).map(|i| {
+            let value = (0xfd00u128 << 112) | (i << 64) | 1;
+            IpAddr::V6(std::net::Ipv6Addr::from(value))
+        });
+        let mut ledger = Ledger::from_addresses(scattered);
+        assert!(
+            ledger.bitmap_bytes() >= MAX_BITMAP_BYTES,
+            "{}",
+            ledger.bitmap_bytes()
+        );
+        ledger.reserve(ip("10.0.0.2"), claim("a").reservation(NOW));
+        let intent = Intent {
+            allocate: vec![request("a"), request("b")],
+            ..Default::default()
+        };
+        let (_, outcomes) = run(&ledger, &intent, &mut rng);
+        assert_eq!(
+            outcomes["a"].as_ref().map(|l| l.address),
+            Ok(ip("10.0.0.2")),
+            "a reservation is still served"
+        );
+        assert!(
+            matches!(outcomes["b"], Err(Refusal::LedgerFull { bytes }) if bytes >= MAX_BITMAP_BYTES),
+            "{:?}",
+            outcomes["b"]
+        );
     }
 
     #[test]

@@ -235,6 +235,14 @@ impl AnyClaim {
     }
 }
 
+fn ledger_full_message(pool: &str, bytes: usize) -> String {
+    format!(
+        "{pool} hands out no new address: its allocation record takes {} KiB of the {} KiB it may, because its addresses are scattered over a vast space (requested addresses across many /64s); release addresses, or serve further claims from another pool",
+        bytes / 1024,
+        super::ledger::MAX_BITMAP_BYTES / 1024
+    )
+}
+
 fn fenced_message(pool: &str, until: &str) -> String {
     format!(
         "{pool} rebuilt its allocation record from its address objects; new addresses are handed out from {until}, when nothing can still be in flight"
@@ -279,6 +287,14 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
         } => (
             capi::reasons::POOL_NOT_READY,
             format!("{pool} is serving earlier claims; this one is next"),
+        ),
+        Outcome::Refused {
+            refusal: Refusal::LedgerFull { bytes },
+            pool,
+            ..
+        } => (
+            capi::reasons::POOL_EXHAUSTED,
+            ledger_full_message(pool, *bytes),
         ),
         Outcome::Failed(message) => (capi::reasons::ALLOCATION_FAILED, message.clone()),
         Outcome::Allocated { .. } => ("AddressAllocated", String::new()),
@@ -344,6 +360,11 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             refusal: Refusal::Deferred,
             ..
         } => return None,
+        Outcome::Refused {
+            refusal: Refusal::LedgerFull { bytes },
+            pool,
+            ..
+        } => ledger_full_message(pool, *bytes),
         Outcome::Refused {
             refusal: Refusal::Alloc(e),
             ..

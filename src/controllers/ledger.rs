@@ -72,6 +72,12 @@ pub const REBUILD_FENCE: Duration = IN_FLIGHT_BOUND;
 /// ConfigMap (1 MiB, data and binary data together) beside the bitmaps. Claims beyond it wait for
 /// the next batch; with typical names it holds about 1,500 reservations, three batches.
 pub const MAX_PENDING_BYTES: usize = 256 * 1024;
+/// The most the bitmaps may take before a pool hands out no new address: the ConfigMap's 1 MiB
+/// less the reservations' room, and a margin far above what one batch of new addresses can add
+/// (500 addresses, each at worst a container of its own: about 20 KB). Only addresses scattered
+/// over a vast space come near it — requested ones across an IPv6 pool of many /64s, say —
+/// since random allocation stays dense.
+pub const MAX_BITMAP_BYTES: usize = 640 * 1024;
 /// The longest text of an address (IPv6, eight groups of four), for reservations not yet made.
 const LONGEST_ADDRESS: usize = 39;
 
@@ -187,6 +193,11 @@ impl Ledger {
     pub fn contains(&self, address: IpAddr) -> bool {
         self.set(Family::of(address))
             .contains(family::to_value(address))
+    }
+
+    /// What the bitmaps take in the stored ledger.
+    pub fn bitmap_bytes(&self) -> usize {
+        self.v4.encoded_len() + self.v6.encoded_len()
     }
 
     /// How many addresses are allocated, of both families.
