@@ -750,15 +750,7 @@ async fn a_duplicate_is_reported_and_never_handed_to_a_third_claim() {
         reported.contains(&shared) && reported.contains("/a") && reported.contains("/b"),
         "{reported}"
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
-    eventually("an Event names the duplicate", WAIT, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("DuplicateAddress"))
-            .then_some(())
-    })
-    .await;
+    wait_event(&env, "DuplicateAddress").await;
 
     // One holder goes: the other still holds the address, and a new claim does not get it.
     delete_claim(&env, "a").await;
@@ -835,6 +827,85 @@ async fn a_full_allocation_record_is_explained_and_recovers() {
     // Nothing holds the scattered addresses: they are released, and the pool serves again.
     assert_consistent(&env, "InClusterIPPool", "wide", 2, AFTER_FENCE).await;
     assert_warnings_name_objects(&bitpool);
+}
+
+/// Three pools covering 10.77.0.0/24 — two namespaced in one namespace, one global — each give
+/// 10.77.0.1 to a claim (overlaps are allowed, as upstream), and each says which pools it meets
+/// and where, on its status, in an Event and a metric; when one goes, the others stop naming it.
+#[tokio::test]
+async fn overlapping_pools_say_so() {
+    let env = Env::new("overlap")
+        .await
+        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let bitpool = Bitpool::start_all_namespaces(env.name());
+    let spec = || capi_spec(&["10.77.0.0/24"], 24);
+    capi_pool(&env, "one", spec()).await;
+    capi_pool(&env, "two", spec()).await;
+    let global = global_pool(&env, "three", spec()).await;
+    claim(&env, "on-one", "InClusterIPPool", "one").await;
+    claim(&env, "on-two", "InClusterIPPool", "two").await;
+    claim(&env, "on-three", "GlobalInClusterIPPool", &global).await;
+    for name in ["on-one", "on-two", "on-three"] {
+        wait_claim(&env, name, "served", |c| c.status == "True").await;
+        assert_eq!(address_of(&env, name).await, "10.77.0.1");
+    }
+    let overlap = |conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>| {
+        conditions
+            .into_iter()
+            .find(|c| c.type_ == "AddressesOverlap" && c.status == "True")
+            .map(|c| c.message)
+    };
+    let pools: Api<InClusterIPPool> = env.api();
+    let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
+    let ns = env.name().to_string();
+    let said_by_one = eventually("pool one names both others", WAIT, || async {
+        let message = overlap(pools.get("one").await.ok()?.status?.conditions)?;
+        (message.contains(&format!("InClusterIPPool {ns}/two"))
+            && message.contains(&format!("GlobalInClusterIPPool {global}")))
+        .then_some(message)
+    })
+    .await;
+    assert!(
+        said_by_one.contains("10.77.0.1-10.77.0.254"),
+        "{said_by_one}"
+    );
+    eventually("the global pool names both others", WAIT, || async {
+        let message = overlap(globals.get(&global).await.ok()?.status?.conditions)?;
+        (message.contains(&format!("{ns}/one")) && message.contains(&format!("{ns}/two")))
+            .then_some(())
+    })
+    .await;
+    wait_event(&env, "PoolsOverlap").await;
+
+    // Pool two goes (its claim first): the others stop naming it.
+    delete_claim(&env, "on-two").await;
+    pools
+        .delete("two", &DeleteParams::default())
+        .await
+        .expect("delete pool two");
+    eventually("pool one no longer names pool two", WAIT, || async {
+        let message = overlap(pools.get("one").await.ok()?.status?.conditions)?;
+        (!message.contains(&format!("{ns}/two"))).then_some(())
+    })
+    .await;
+    for name in ["on-one", "on-three"] {
+        delete_claim(&env, name).await;
+    }
+    let _ = globals.delete(&global, &DeleteParams::default()).await;
+    assert_warnings_name_objects(&bitpool);
+}
+
+/// Waits until an Event of `reason` is recorded in the test namespace.
+async fn wait_event(env: &Env, reason: &str) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    eventually(&format!("an Event {reason}"), WAIT, || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some(reason))
+            .then_some(())
+    })
+    .await;
 }
 
 /// Deletes the claim `name` and waits until it is gone (its address released).

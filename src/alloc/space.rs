@@ -109,6 +109,11 @@ impl AddressSpace {
         self.layout.family
     }
 
+    /// The ranges of values the pool hands out, in pool order.
+    pub fn segments(&self) -> impl Iterator<Item = &crate::alloc::pool::Segment> + '_ {
+        self.layout.segments.iter()
+    }
+
     pub fn strategy(&self) -> Strategy {
         self.layout.strategy
     }

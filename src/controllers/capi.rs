@@ -14,6 +14,7 @@ use super::duplicates;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
 use super::objects;
+use super::overlaps;
 use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::{IPAddress, IPAddressSpec, LocalObjectName};
@@ -130,6 +131,9 @@ fn saturate(value: u128) -> i64 {
 
 /// The status of a CAPI pool of either shape: counts, and a Ready condition saying what keeps
 /// the pool from serving; `show` writes a held address as people read it.
+/// The condition a CAPI pool carries while its addresses meet another pool's (True then).
+pub const OVERLAP_CONDITION: &str = "AddressesOverlap";
+
 pub(super) fn status_patch(
     status: Option<&InClusterIPPoolStatus>,
     generation: Option<i64>,
@@ -197,7 +201,16 @@ pub(super) fn status_patch(
         "True" => shared.or(full).or(fenced).unwrap_or(ready),
         _ => ready,
     };
-    let conditions_changed = objects::set_condition(&mut next.conditions, ready);
+    let mut conditions_changed = objects::set_condition(&mut next.conditions, ready);
+    conditions_changed |= match report.overlaps.is_empty() {
+        true => objects::remove_condition(&mut next.conditions, OVERLAP_CONDITION),
+        false => {
+            let message = overlaps::message(report.overlaps);
+            let overlap =
+                objects::condition(OVERLAP_CONDITION, true, "PoolsOverlap", message, generation);
+            objects::set_condition(&mut next.conditions, overlap)
+        }
+    };
     (conditions_changed || current.ip_addresses != next.ip_addresses).then(
         || json!({ "status": { "ipAddresses": next.ip_addresses, "conditions": next.conditions } }),
     )

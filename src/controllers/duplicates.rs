@@ -30,24 +30,16 @@ pub fn shared(held: impl IntoIterator<Item = (IpAddr, String)>) -> Vec<SharedAdd
         .collect()
 }
 
-/// How many shared addresses a message names; the count says how many there are in all.
-const NAMED: usize = 5;
-
 /// What the pool says about its shared addresses; `show` writes an address as people read it.
 pub fn message(shared: &[SharedAddress], show: impl Fn(IpAddr) -> String) -> String {
     let named: Vec<String> = shared
         .iter()
-        .take(NAMED)
         .map(|s| format!("{} by {}", show(s.address), s.holders.join(" and ")))
         .collect();
-    let more = match shared.len().saturating_sub(NAMED) {
-        0 => String::new(),
-        n => format!(" and {n} more"),
-    };
     format!(
-        "{} address(es) are held by more than one claim: {}{more}; each stays allocated until one holder is left: delete the object that should not hold it",
+        "{} address(es) are held by more than one claim: {}; each stays allocated until one holder is left: delete the object that should not hold it",
         shared.len(),
-        named.join("; ")
+        super::objects::first_few(&named, "; ")
     )
 }
 

@@ -24,6 +24,7 @@ pub mod kinds;
 pub mod ledger;
 pub mod metal3;
 pub mod objects;
+pub mod overlaps;
 pub mod pool;
 pub mod prefix;
 pub mod proxy;
@@ -538,6 +539,25 @@ fn proxied_for(ctx: &Context, claim: &IPAddressClaim) -> Option<PoolKey> {
     PoolKey::of_ipclaim(&ipclaim)
 }
 
+/// Maps a changed pool (of any kind) to the pools in `store` whose addresses meet its own.
+fn meeting<P, X>(store: &Store<P>) -> impl Fn(Arc<X>) -> Vec<ObjectRef<P>> + Send + Sync + 'static
+where
+    P: PoolDialect,
+    X: PoolDialect,
+{
+    let store = store.clone();
+    move |changed: Arc<X>| {
+        let Some(covered) = changed.covered() else {
+            return Vec::new();
+        };
+        let key = changed.key();
+        pool::covered_pools(&store)
+            .filter(|(other, theirs)| *other != key && theirs.meets(&covered).is_some())
+            .filter_map(|(other, _)| other.object_ref::<P>())
+            .collect()
+    }
+}
+
 /// A controller for one pool kind, triggered by its pools, the claims and address objects of
 /// either API that name a pool of that kind, and the Clusters of those claims and pools (for
 /// pause and unpause).
@@ -577,7 +597,16 @@ where
         })
         .watches_shared_stream(caches.metal3_addresses.subscribe()?, |address| {
             PoolKey::of_metal3_address(&address).and_then(|k| k.object_ref::<P>())
-        });
+        })
+        // A pool of any kind that comes, changes or goes: the pools it meets say so.
+        .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(caches.global_pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(caches.prefix_pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(
+            caches.global_prefix_pools.subscribe()?,
+            meeting(&pools.store),
+        )
+        .watches_shared_stream(caches.ippools.subscribe()?, meeting(&pools.store));
     if let Some(clusters) = &caches.clusters {
         let ctx = ctx.clone();
         controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {

@@ -203,6 +203,30 @@ pub fn set_condition(conditions: &mut Vec<Condition>, mut new: Condition) -> boo
     }
 }
 
+/// How many items a message names; the rest are counted.
+const NAMED_IN_MESSAGES: usize = 5;
+
+/// The first few of `items` joined by `separator`, and how many more there are.
+pub fn first_few(items: &[String], separator: &str) -> String {
+    let shown = items
+        .iter()
+        .take(NAMED_IN_MESSAGES)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(separator);
+    match items.len().saturating_sub(NAMED_IN_MESSAGES) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
+}
+
+/// Removes the condition of `type_`; whether there was one.
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) -> bool {
+    let before = conditions.len();
+    conditions.retain(|c| c.type_ != type_);
+    conditions.len() != before
+}
+
 /// An owner reference to `owner`; `controller` marks the managing owner.
 pub fn owner_reference<K: Resource<DynamicType = ()>>(
     owner: &K,

@@ -21,7 +21,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,6 +33,7 @@ use super::intent::{self, Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
 use super::objects::{self, FinalizerPatch};
+use super::overlaps::{self, Covered, Overlap};
 use super::transaction;
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::IPPoolReference;
@@ -180,6 +181,8 @@ pub struct Report<'a> {
     pub holders: &'a BTreeMap<(ClaimKind, String), IpAddr>,
     /// Addresses the pool's objects hold for more than one claim.
     pub shared: &'a [SharedAddress],
+    /// Other pools whose addresses meet this one's.
+    pub overlaps: &'a [Overlap],
 }
 
 /// What a pool kind brings to the engine. Everything here is synchronous and pure over the
@@ -214,6 +217,10 @@ pub trait PoolDialect:
     }
     /// The pool's address space, or why its spec is invalid.
     fn space(&self) -> Result<AddressSpace, String>;
+    /// The addresses the pool hands out (none when its spec is invalid).
+    fn covered(&self) -> Option<Covered> {
+        self.space().ok().map(|space| Covered::of_space(&space))
+    }
     /// What an address object holds, as the pool's space numbers it (the address itself,
     /// except in prefix pools).
     fn held(&self, address: &AnyAddress) -> Option<IpAddr> {
@@ -590,6 +597,47 @@ fn report_shared<P: PoolDialect>(pool: &P, ctx: &Context, shared: &[SharedAddres
         .publish(pool.object_ref(&()), Reason::DuplicateAddress, message);
 }
 
+/// The pools of one kind that hand out addresses, by key, from their cache.
+pub(super) fn covered_pools<Q: PoolDialect>(
+    store: &Store<Q>,
+) -> impl Iterator<Item = (PoolKey, Covered)> + use<Q> {
+    store
+        .state()
+        .into_iter()
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.key(), p.covered()?)))
+}
+
+/// Other pools, of every kind, whose addresses meet this one's (from the caches).
+fn overlapping_pools<P: PoolDialect>(pool: &P, ctx: &Context) -> Vec<Overlap> {
+    let Some(own) = pool.covered() else {
+        return Vec::new();
+    };
+    let key = pool.key();
+    let others = covered_pools(&ctx.pools)
+        .chain(covered_pools(&ctx.global_pools))
+        .chain(covered_pools(&ctx.prefix_pools))
+        .chain(covered_pools(&ctx.global_prefix_pools))
+        .chain(covered_pools(&ctx.ippools))
+        .filter(|(other, _)| *other != key)
+        .map(|(other, covered)| (other.describe(), covered));
+    overlaps::find(&own, others)
+}
+
+/// Says so when the pool meets others: an Event and the metric (and the status, where the
+/// pool kind has conditions).
+fn report_overlaps<P: PoolDialect>(pool: &P, ctx: &Context, overlaps: &[Overlap]) {
+    ctx.ops
+        .metrics
+        .pool_overlaps(&pool_labels(&pool.key()), overlaps.len());
+    if !overlaps.is_empty() {
+        let message = overlaps::message(overlaps);
+        ctx.ops
+            .events
+            .publish(pool.object_ref(&()), Reason::PoolsOverlap, message);
+    }
+}
+
 fn claim_key(claim: &AnyClaim) -> ClaimKey {
     (claim.kind(), claim.namespace(), claim.name())
 }
@@ -685,14 +733,17 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
     if deleting {
         return finish_pool_deletion(&*pool, &ctx).await;
     }
+    let overlaps = overlapping_pools(&*pool, &ctx);
     let report = Report {
         usage: done.usage.as_ref(),
         ledger: &done.ledger,
         spec_error: spec_error.as_deref(),
         holders: &batch.holders,
         shared: &shared,
+        overlaps: &overlaps,
     };
     report_shared(&*pool, &ctx, &shared);
+    report_overlaps(&*pool, &ctx, &overlaps);
     if let Some(patch) = pool.status_patch(&report) {
         let api = pool.api_for(ctx.client.clone());
         objects::merge_status(&api, &pool.name_any(), patch).await?;

@@ -15,6 +15,7 @@ use super::Context;
 use super::capi::{capi_address, capi_contract, global_preallocation_key, status_patch};
 use super::intent::Refusal;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::overlaps::Covered;
 use super::pool::{FreshAddresses, PoolDialect, Report};
 use crate::alloc::{self, AddressSpace, AllocError, Family, Lease, Numbering};
 use crate::api::AllocationStrategy;
@@ -126,6 +127,18 @@ macro_rules! prefix_dialect {
                 .space()
                 .map(|(space, _)| space)
                 .map_err(|e| e.to_string())
+        }
+
+        /// The addresses its sub-prefixes cover.
+        fn covered(&self) -> Option<Covered> {
+            let (space, numbering) = to_alloc(self.pool_spec()).space().ok()?;
+            Some(Covered {
+                family: space.family(),
+                ranges: space
+                    .segments()
+                    .map(|s| numbering.address_bounds(s.first, s.last))
+                    .collect(),
+            })
         }
 
         fn held(&self, address: &AnyAddress) -> Option<IpAddr> {

@@ -34,6 +34,8 @@ pub enum Reason {
     InvalidSpec,
     /// A pool's objects hold one address for more than one claim.
     DuplicateAddress,
+    /// A pool's addresses meet another pool's.
+    PoolsOverlap,
 }
 
 impl Reason {
@@ -44,15 +46,17 @@ impl Reason {
             Reason::PoolExhausted => "PoolExhausted",
             Reason::InvalidSpec => "InvalidSpec",
             Reason::DuplicateAddress => "DuplicateAddress",
+            Reason::PoolsOverlap => "PoolsOverlap",
         }
     }
 
     fn event_type(self) -> EventType {
         match self {
             Reason::AddressAllocated | Reason::AddressReleased => EventType::Normal,
-            Reason::PoolExhausted | Reason::InvalidSpec | Reason::DuplicateAddress => {
-                EventType::Warning
-            }
+            Reason::PoolExhausted
+            | Reason::InvalidSpec
+            | Reason::DuplicateAddress
+            | Reason::PoolsOverlap => EventType::Warning,
         }
     }
 
@@ -60,7 +64,7 @@ impl Reason {
         match self {
             Reason::AddressAllocated | Reason::PoolExhausted => "Allocate",
             Reason::AddressReleased => "Release",
-            Reason::InvalidSpec | Reason::DuplicateAddress => "Validate",
+            Reason::InvalidSpec | Reason::DuplicateAddress | Reason::PoolsOverlap => "Validate",
         }
     }
 }

@@ -53,6 +53,7 @@ pub struct Metrics {
     pool_free: Family<PoolLabels, AddressGauge>,
     pool_out_of_range: Family<PoolLabels, AddressGauge>,
     pool_duplicated: Family<PoolLabels, AddressGauge>,
+    pool_overlaps: Family<PoolLabels, AddressGauge>,
     allocations: Family<KindLabels, Counter>,
     releases: Family<KindLabels, Counter>,
     ledger_conflicts: Family<KindLabels, Counter>,
@@ -84,6 +85,7 @@ impl Metrics {
             pool_free: Family::default(),
             pool_out_of_range: Family::default(),
             pool_duplicated: Family::default(),
+            pool_overlaps: Family::default(),
             allocations: Family::default(),
             releases: Family::default(),
             ledger_conflicts: Family::default(),
@@ -118,6 +120,11 @@ impl Metrics {
             "pool_addresses_duplicated",
             "Addresses of a pool that its address objects hold for more than one claim (never handed out again while so)",
             metrics.pool_duplicated.clone(),
+        );
+        registry.register(
+            "pool_overlapping_pools",
+            "Other pools whose addresses meet this pool's (each pool hands out an address once; two pools may hand out the same one)",
+            metrics.pool_overlaps.clone(),
         );
         registry.register(
             "allocations",
@@ -165,6 +172,11 @@ impl Metrics {
         self.pool_duplicated.get_or_create(pool).set(count as f64);
     }
 
+    /// Records how many other pools meet a pool.
+    pub fn pool_overlaps(&self, pool: &PoolLabels, count: usize) {
+        self.pool_overlaps.get_or_create(pool).set(count as f64);
+    }
+
     /// Records a pool's usage after a reconcile.
     pub fn pool_usage(&self, pool: &PoolLabels, counts: &Counts) {
         let set = |family: &Family<PoolLabels, AddressGauge>, value: u128| {
@@ -176,8 +188,9 @@ impl Metrics {
         set(&self.pool_out_of_range, counts.out_of_range);
     }
 
-    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 5] {
+    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 6] {
         [
+            &self.pool_overlaps,
             &self.pool_duplicated,
             &self.pool_total,
             &self.pool_used,
