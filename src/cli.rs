@@ -611,6 +611,10 @@ fn init_tracing(format: LogFormat, level: tracing::Level) {
     }
 }
 
+/// The rate limit of the client that reviews `/metrics` callers (two reviews each).
+const METRICS_REVIEW_QPS: NonZeroU32 = NonZeroU32::new(20).expect("20 is not zero");
+const METRICS_REVIEW_BURST: NonZeroU32 = NonZeroU32::new(40).expect("40 is not zero");
+
 async fn run(args: RunArgs) -> Result<(), Error> {
     init_tracing(args.log_format, args.log_level);
     let client = crate::client::connect(crate::client::Limits {
@@ -711,9 +715,16 @@ async fn start_ops(
             let names = vec!["localhost".to_string(), lease::host_name()];
             let config = crate::net::tls::self_signed_config(&options, names)
                 .map_err(|e| Error::Webhook(e.into()))?;
+            // A client of its own: reviews of callers never wait behind the controllers'
+            // requests, nor they behind a flood of callers.
+            let reviews = crate::client::connect(crate::client::Limits {
+                qps: METRICS_REVIEW_QPS,
+                burst: METRICS_REVIEW_BURST,
+            })
+            .await?;
             (
                 Some(tokio_rustls::TlsAcceptor::from(config)),
-                Access::Authorized(client.clone()),
+                Access::Authorized(reviews, Default::default()),
             )
         };
         tracing::info!(address = %addr, secure = tls.is_some(), "serving /metrics");

@@ -825,3 +825,46 @@ async fn metal3data_kinds_written_at_v1beta1_read_back_at_both_versions() {
     }
     drop(harness);
 }
+
+/// Two thousand connections that never speak do not stop admission, and the server closes them
+/// once the TLS handshake deadline has passed: idle and half-open connections cost nothing for
+/// long.
+#[tokio::test]
+async fn idle_connections_neither_stop_admission_nor_stay() {
+    let Some(harness) = serve("wh-idle", &[]).await else {
+        panic!("the upstream CRDs are not available (hack/upstream-crds.sh)");
+    };
+    let env = &harness.env;
+    let addr = format!("127.0.0.1:{}", harness.served.port);
+    let mut idle = Vec::new();
+    for _ in 0..2000 {
+        idle.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect to the webhook server"),
+        );
+    }
+    let pools: Api<InClusterIPPool> = env.api();
+    let bad = InClusterIPPool {
+        metadata: env.meta("bad"),
+        spec: capi_spec(&["not-an-ip"], 24),
+        status: None,
+    };
+    assert_denied(
+        pools.create(&PostParams::default(), &bad).await,
+        &["spec: provided address is not a valid IP, range, nor CIDR"],
+    );
+    // Every idle connection is closed by the server: a read ends (EOF or reset).
+    let closed = futures::future::join_all(idle.into_iter().map(|mut stream| async move {
+        let mut byte = [0u8; 1];
+        tokio::time::timeout(
+            bitpool::net::http::HANDSHAKE_TIMEOUT + std::time::Duration::from_secs(20),
+            tokio::io::AsyncReadExt::read(&mut stream, &mut byte),
+        )
+        .await
+        .is_ok()
+    }))
+    .await;
+    let open = closed.iter().filter(|c| !**c).count();
+    assert_eq!(open, 0, "{open} idle connections were still open");
+}

@@ -1,9 +1,13 @@
 //! `/metrics` on `--diagnostics-address`, as Cluster API managers serve it: over HTTPS with a
 //! certificate made at start-up, to callers whose bearer token the API server authenticates
 //! (TokenReview) and allows `get` on the non-resource URL `/metrics` (SubjectAccessReview);
-//! with `--insecure-diagnostics`, over plain HTTP to anyone.
+//! with `--insecure-diagnostics`, over plain HTTP to anyone. Decisions are remembered for a
+//! minute by the token's SHA-256, and asked on a client of their own (with its own rate limit):
+//! callers of `/metrics`, authenticated or not, cost the controllers nothing.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
@@ -25,7 +29,54 @@ pub enum Access {
     /// Anyone (`--insecure-diagnostics`).
     Open,
     /// Callers the API server authenticates and authorises.
-    Authorized(Client),
+    Authorized(Client, Arc<Decisions>),
+}
+
+/// How long a decision about a token is reused.
+pub const DECISION_TTL: Duration = Duration::from_secs(60);
+/// The most decisions remembered; beyond it the expired ones go, then all (a flood of distinct
+/// tokens costs reviews, never memory).
+const MAX_DECISIONS: usize = 10_000;
+
+type Decision = Result<(), (StatusCode, String)>;
+
+/// Authorization decisions by the SHA-256 of the token (the token itself is never kept).
+#[derive(Default)]
+pub struct Decisions {
+    entries: Mutex<HashMap<[u8; 32], (Instant, Decision)>>,
+}
+
+impl Decisions {
+    fn key(token: &str) -> [u8; 32] {
+        let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+        let mut key = [0u8; 32];
+        key.copy_from_slice(digest.as_ref());
+        key
+    }
+
+    /// The decision about `token` made less than [`DECISION_TTL`] before `now`.
+    fn get(&self, token: &str, now: Instant) -> Option<Decision> {
+        let entries = self.entries.lock().ok()?;
+        let (at, decision) = entries.get(&Self::key(token))?;
+        (now.duration_since(*at) < DECISION_TTL).then(|| decision.clone())
+    }
+
+    /// Remembers a decision; one the API server could not make (503) is not remembered.
+    fn put(&self, token: &str, now: Instant, decision: &Decision) {
+        if matches!(decision, Err((StatusCode::SERVICE_UNAVAILABLE, _))) {
+            return;
+        }
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        if entries.len() >= MAX_DECISIONS {
+            entries.retain(|_, (at, _)| now.duration_since(*at) < DECISION_TTL);
+            if entries.len() >= MAX_DECISIONS {
+                entries.clear();
+            }
+        }
+        entries.insert(Self::key(token), (now, decision.clone()));
+    }
 }
 
 fn text(status: StatusCode, body: &str) -> Reply {
@@ -47,7 +98,7 @@ async fn answer(metrics: &Metrics, access: &Access, request: Request<Incoming>) 
     if request.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
-    if let Access::Authorized(client) = access {
+    if let Access::Authorized(client, decisions) = access {
         let token = request
             .headers()
             .get(hyper::header::AUTHORIZATION)
@@ -58,7 +109,16 @@ async fn answer(metrics: &Metrics, access: &Access, request: Request<Incoming>) 
         let Some(token) = token else {
             return text(StatusCode::UNAUTHORIZED, "Unauthorized: no bearer token\n");
         };
-        if let Err((status, why)) = authorize(client, token).await {
+        let now = Instant::now();
+        let decision = match decisions.get(token, now) {
+            Some(decision) => decision,
+            None => {
+                let decision = authorize(client, token).await;
+                decisions.put(token, now, &decision);
+                decision
+            }
+        };
+        if let Err((status, why)) = decision {
             return text(status, &why);
         }
     }
@@ -116,5 +176,42 @@ async fn authorize(client: &Client, token: &str) -> Result<(), (StatusCode, Stri
             StatusCode::FORBIDDEN,
             format!("Forbidden: {who} may not get {METRICS_PATH}\n"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_are_reused_for_a_minute_and_never_when_the_server_was_unreachable() {
+        let decisions = Decisions::default();
+        let start = Instant::now();
+        decisions.put("token-a", start, &Ok(()));
+        let forbidden = Err((StatusCode::FORBIDDEN, "Forbidden\n".to_string()));
+        decisions.put("token-b", start, &forbidden);
+        let unreachable = Err((StatusCode::SERVICE_UNAVAILABLE, "down\n".to_string()));
+        decisions.put("token-c", start, &unreachable);
+        let later = start + DECISION_TTL - Duration::from_secs(1);
+        assert_eq!(decisions.get("token-a", later), Some(Ok(())));
+        assert_eq!(decisions.get("token-b", later), Some(forbidden));
+        assert_eq!(decisions.get("token-c", later), None);
+        assert_eq!(decisions.get("token-a", start + DECISION_TTL), None);
+        assert_eq!(decisions.get("unknown", later), None);
+    }
+
+    #[test]
+    fn a_flood_of_tokens_is_bounded() {
+        let decisions = Decisions::default();
+        let now = Instant::now();
+        for i in 0..MAX_DECISIONS + 10 {
+            decisions.put(&format!("token-{i}"), now, &Ok(()));
+        }
+        let kept = decisions
+            .entries
+            .lock()
+            .map(|e| e.len())
+            .unwrap_or(usize::MAX);
+        assert!(kept <= MAX_DECISIONS, "{kept}");
     }
 }

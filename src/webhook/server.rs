@@ -2,10 +2,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use super::Webhooks;
@@ -15,6 +17,13 @@ use crate::net::tls;
 /// AdmissionReviews and ConversionReviews above this size are refused (the API server's own
 /// request limit is 3 MiB; a ConversionReview of a large list can approach it).
 const MAX_BODY: usize = 8 * 1024 * 1024;
+/// Bodies read at once: with [`MAX_BODY`], what the webhooks buffer stays below 256 MiB however
+/// many connections are open.
+const BODIES_AT_ONCE: usize = 32;
+/// How long a request's body may take to arrive (its turn to be read included): a caller that
+/// trickles one holds a turn no longer than this.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+static BODIES: Semaphore = Semaphore::const_new(BODIES_AT_ONCE);
 
 pub const CONVERT_PATH: &str = "/convert";
 pub const VALIDATE_PATH: &str = "/validate";
@@ -64,11 +73,24 @@ async fn route(webhooks: &Webhooks, request: Request<Incoming>) -> Reply {
         return reply(StatusCode::METHOD_NOT_ALLOWED, b"{}".to_vec());
     }
     let path = request.uri().path().to_string();
-    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) => {
+    let read = tokio::time::timeout(BODY_TIMEOUT, async {
+        let _turn = BODIES.acquire().await;
+        Limited::new(request.into_body(), MAX_BODY).collect().await
+    })
+    .await;
+    let body = match read {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => {
             let message = serde_json::json!({ "error": format!("cannot read the request: {e}") });
             return reply(StatusCode::BAD_REQUEST, message.to_string().into_bytes());
+        }
+        Err(_) => {
+            let message =
+                serde_json::json!({ "error": "the request's body did not arrive in time" });
+            return reply(
+                StatusCode::REQUEST_TIMEOUT,
+                message.to_string().into_bytes(),
+            );
         }
     };
     let answer = match path.as_str() {
