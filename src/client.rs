@@ -110,7 +110,9 @@ fn hint(error: &kube::Error) -> &'static str {
     let text = text.to_lowercase();
     if text.contains("notvalidyet") || text.contains("not valid yet") {
         " (the server's certificate is not valid yet by this machine's clock: is the clock behind? correct it, e.g. with NTP)"
-    } else if text.contains("expired") {
+    } else if text.contains("certificate expired")
+        || text.contains("invalid peer certificate: expired")
+    {
         " (the server's certificate has expired by this machine's clock: renew it, or correct a clock that is ahead)"
     } else {
         ""
