@@ -177,7 +177,9 @@ async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_un
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut spec = prefix_spec(&["10.20.0.0/24"], 26);
     spec.gateway = Some("10.20.0.1".into());
-    spec.pre_allocations = BTreeMap::from([("pinned".into(), "10.20.0.192/26".into())]);
+    // A global pool's preallocation names the claim's namespace.
+    spec.pre_allocations =
+        BTreeMap::from([(format!("{}/pinned", env.name()), "10.20.0.192/26".into())]);
     let pool = global_prefix_pool(&env, "v4", spec).await;
 
     let claims: Api<IPAddressClaim> = env.api();
