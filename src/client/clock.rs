@@ -134,10 +134,8 @@ fn parse_http_date(text: &str) -> Option<Timestamp> {
 pub fn skew_beyond_bound() -> Option<String> {
     let skew = offset()?.proven_skew();
     (skew.unsigned_abs() > MAX_SKEW).then(|| {
-        let (secs, way) = match skew.is_negative() {
-            true => (skew.unsigned_abs().as_secs_f64(), "ahead of"),
-            false => (skew.as_secs_f64(), "behind"),
-        };
+        let secs = skew.unsigned_abs().as_secs_f64();
+        let way = if skew.is_negative() { "ahead of" } else { "behind" };
         format!(
             "this machine's clock is {secs:.1} s {way} the API server's (more than {} s): correct it (NTP)",
             MAX_SKEW.as_secs()

@@ -90,12 +90,13 @@ where
                 }
             }
             Side::Wire => {
-                let left = deadline.map(|at| at.saturating_duration_since(made));
-                match left.map(|left| (left, with_timeout(request.uri(), left))) {
-                    None => {}
-                    Some((left, Some(uri))) if !left.is_zero() => *request.uri_mut() = uri,
-                    Some((left, _)) => {
-                        return Box::pin(async move { Err(DeadlineExceeded(left).into()) });
+                if let Some(at) = deadline {
+                    let left = at.saturating_duration_since(made);
+                    match with_timeout(request.uri(), left).filter(|_| !left.is_zero()) {
+                        Some(uri) => *request.uri_mut() = uri,
+                        None => {
+                            return Box::pin(async move { Err(DeadlineExceeded(left).into()) });
+                        }
                     }
                 }
                 // The client side enforces it.

@@ -655,6 +655,9 @@ struct Batch {
     orphaned: Vec<AnyAddress>,
     /// Second address objects of live or releasing claims (see [`index_by_claim`]).
     duplicates: Vec<AnyAddress>,
+    /// Addresses the live objects of more than one claim hold: they stay allocated, and the
+    /// report says so.
+    shared: Vec<SharedAddress>,
     /// What the orphaned objects held, once they are deleted: freed only if a fresh list shows
     /// no other object holding it (a hand-made object may name another claim's address).
     orphans_deleted: Vec<IpAddr>,
@@ -702,7 +705,6 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         .filter_map(|c| Some((claim_key(c), c.status_address_name()?)))
         .collect();
     let (addresses, extras) = index_by_claim(pool.addresses(&ctx, None), &named);
-    let shared = shared_addresses(&*pool, &addresses);
     let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
     batch.duplicates = second_objects::<P>(&claims, extras);
     batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
@@ -739,10 +741,10 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         ledger: &done.ledger,
         spec_error: spec_error.as_deref(),
         holders: &batch.holders,
-        shared: &shared,
+        shared: &batch.shared,
         overlaps: &overlaps,
     };
-    report_shared(&*pool, &ctx, &shared);
+    report_shared(&*pool, &ctx, &batch.shared);
     report_overlaps(&*pool, &ctx, &overlaps);
     if let Some(patch) = pool.status_patch(&report) {
         let api = pool.api_for(ctx.client.clone());
@@ -1061,10 +1063,8 @@ async fn plan_releases<P: PoolDialect>(
         false => Some(fresh_objects_of(pool, ctx, missing).await?),
     };
     // An address another claim's object holds too stays allocated when this one goes.
-    let shared: HashSet<IpAddr> = shared_addresses(pool, addresses)
-        .into_iter()
-        .map(|s| s.address)
-        .collect();
+    batch.shared = shared_addresses(pool, addresses);
+    let shared: HashSet<IpAddr> = batch.shared.iter().map(|s| s.address).collect();
     for claim in &claims.releasing {
         let Some(id) = claim.id() else { continue };
         let object = addresses
