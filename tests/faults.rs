@@ -897,7 +897,13 @@ async fn overlapping_pools_say_so() {
 
 /// Waits until an Event of `reason` is recorded in the test namespace.
 async fn wait_event(env: &Env, reason: &str) {
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    wait_event_in(env, env.name(), reason).await;
+}
+
+/// Waits for an Event with `reason` in `namespace` (a cluster-scoped object's are in `default`).
+async fn wait_event_in(env: &Env, namespace: &str, reason: &str) {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), namespace);
     eventually(&format!("an Event {reason}"), WAIT, || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         list.items
@@ -1020,4 +1026,145 @@ async fn shutdown_under_load_is_prompt_and_loses_nothing() {
     )
     .await;
     assert_warnings_name_objects(&third);
+}
+
+/// A hand-made IPAddress naming `pool` (a global pool) in `namespace`, for claim `claim`.
+fn by_hand(namespace: &str, name: &str, claim: &str, pool: &str, address: &str) -> IPAddress {
+    IPAddress {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        },
+        spec: bitpool::api::capi::IPAddressSpec {
+            claim_ref: bitpool::api::capi::LocalObjectName { name: claim.into() },
+            pool_ref: bitpool::api::capi::IPPoolReference {
+                name: pool.into(),
+                kind: "GlobalInClusterIPPool".into(),
+                api_group: CAPI_GROUP.into(),
+            },
+            address: address.into(),
+            prefix: 24,
+            gateway: None,
+        },
+    }
+}
+
+/// Whether `pool` (a global pool) ever says its ledger was rebuilt while the returned task
+/// watches it.
+fn watch_for_fence(env: &Env, pool: &str) -> tokio::task::JoinHandle<bool> {
+    use futures::StreamExt;
+    let api: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={pool}"));
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(kube::runtime::watcher(api, config));
+        while let Some(event) = stream.next().await {
+            let pools = match event {
+                Ok(kube::runtime::watcher::Event::Apply(p))
+                | Ok(kube::runtime::watcher::Event::InitApply(p)) => vec![p],
+                _ => continue,
+            };
+            let rebuilt = pools.iter().any(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.conditions.iter().any(|c| c.reason == "LedgerRebuilt"))
+            });
+            if rebuilt {
+                return true;
+            }
+        }
+        false
+    })
+}
+
+/// A tenant who may write IPAddresses in its own namespace cannot stop or corrupt a pool all
+/// tenants share (here with no webhook in the way, as while bitpool's is down): an object naming
+/// a free address for no claim, and one named after the tenant's own claim naming another
+/// tenant's address, neither fence the pool (another tenant's new claim is served with no
+/// rebuild), nor free or move the other tenant's address (its claim keeps it; the tenant's claim
+/// is told why it is not served with it), and the pool names them in an Event.
+#[tokio::test]
+async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
+    let env = Env::new("tenants")
+        .await
+        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let tenant = support::TestNamespace::new(&env.client, "tenants-other").await;
+    let bitpool = Bitpool::start_all_namespaces(env.name());
+    let global = global_pool(&env, "shared", capi_spec(&["10.89.0.1-10.89.0.8"], 24)).await;
+    claim(&env, "mine", "GlobalInClusterIPPool", &global).await;
+    wait_claim(&env, "mine", "served", |c| c.status == "True").await;
+    let mine = address_of(&env, "mine").await;
+    // Once its record is judged whole, an object it does not list is not a lost part of it.
+    eventually("the record is judged whole", WAIT, || async {
+        let ledger = env.ledger("GlobalInClusterIPPool", &global).await?;
+        ledger.whole().then_some(())
+    })
+    .await;
+    let fenced = watch_for_fence(&env, &global);
+
+    let free = (1..=8)
+        .map(|n| format!("10.89.0.{n}"))
+        .find(|a| *a != mine)
+        .expect("a free address");
+    let theirs: Api<IPAddress> = Api::namespaced(env.client.clone(), &tenant.name);
+    create(
+        &theirs,
+        &by_hand(&tenant.name, "squat", "ghost", &global, &free),
+    )
+    .await;
+    create(
+        &theirs,
+        &by_hand(&tenant.name, "grab", "grab", &global, &mine),
+    )
+    .await;
+    let their_claims: Api<IPAddressClaim> = Api::namespaced(env.client.clone(), &tenant.name);
+    let mut grab = claim_object(&env, "grab", CAPI_GROUP, "GlobalInClusterIPPool", &global);
+    grab.metadata.namespace = Some(tenant.name.clone());
+    create(&their_claims, &grab).await;
+
+    claim(&env, "next", "GlobalInClusterIPPool", &global).await;
+    wait_claim(&env, "next", "served", |c| c.status == "True").await;
+    let refused = eventually("the tenant's claim is told why", WAIT, || async {
+        let claim = their_claims.get_opt("grab").await.ok()??;
+        ready(&claim)
+            .filter(|c| c.status == "False" && c.message.contains("did not hand"))
+            .map(|c| c.message.clone())
+    })
+    .await;
+    assert!(refused.contains(&mine), "{refused}");
+    wait_event_in(&env, "default", "ForeignAddress").await;
+
+    assert_eq!(
+        address_of(&env, "mine").await,
+        mine,
+        "mine kept its address"
+    );
+    let ledger = env
+        .ledger("GlobalInClusterIPPool", &global)
+        .await
+        .expect("the ledger");
+    assert!(ledger.contains(mine.parse().expect("an address")));
+    assert!(ledger.rebuilt_at.is_none(), "{:?}", ledger.rebuilt_because);
+    fenced.abort();
+    assert!(
+        !matches!(fenced.await, Ok(true)),
+        "the pool was fenced for a hand-made object"
+    );
+    let status = their_claims
+        .get("grab")
+        .await
+        .expect("read the tenant's claim")
+        .status;
+    assert!(
+        status.and_then(|s| s.address_ref).is_none(),
+        "the tenant's claim was served with another tenant's address"
+    );
+
+    delete_all_claims(&their_claims).await;
+    let _ = theirs
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    delete_all_claims(&env.api()).await;
+    assert_consistent(&env, "GlobalInClusterIPPool", &global, 0, WAIT).await;
+    assert_warnings_name_objects(&bitpool);
 }

@@ -70,6 +70,42 @@ pub struct Intent {
     pub fence: Option<String>,
     /// The rebuild fence is over and the live addresses were adopted: end it.
     pub end_fence: bool,
+    /// Address objects found for claims whose status does not name them yet (a status not
+    /// written yet, or an object someone else made): each is confirmed only if the record
+    /// agrees that the address is the claim's ([`Found`]).
+    pub found: Vec<Found>,
+    /// The record was judged whole in the ConfigMap of this UID: mark it so
+    /// ([`Ledger::whole`]), unless the commit meets another ConfigMap (restored meanwhile).
+    pub whole_in: Option<String>,
+}
+
+/// An address object of a claim, found without the claim's status naming it.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub address: IpAddr,
+    pub claim: ClaimId,
+    /// Another claim's live object holds the address too.
+    pub shared: bool,
+}
+
+impl Found {
+    /// Why the record does not let `self.claim` have this address, if it does not: the address
+    /// is reserved for another claim, is not allocated at all (a whole record lists every
+    /// address bitpool handed out), or is another claim's.
+    fn refused_by(&self, ledger: &Ledger) -> Option<String> {
+        match ledger.pending.get(&self.address.to_string()) {
+            Some(r) if r.claim_uid == self.claim.uid => None,
+            Some(r) => Some(format!(
+                "it is reserved for claim {}/{}",
+                r.claim_namespace, r.claim_name
+            )),
+            None if !ledger.contains(self.address) => {
+                Some("the pool's allocation record does not hold it".into())
+            }
+            None if self.shared => Some("another claim's address object holds it".into()),
+            None => None,
+        }
+    }
 }
 
 impl Intent {
@@ -84,6 +120,7 @@ impl Intent {
             && self.release_unlanded.is_empty()
             && self.fence.is_none()
             && !self.end_fence
+            && self.found.is_empty()
     }
 }
 
@@ -103,6 +140,12 @@ pub enum Refusal {
     /// until addresses are released.
     LedgerFull {
         bytes: usize,
+    },
+    /// The claim's address object names an address the pool did not hand to it: bitpool did
+    /// not make that object, and neither takes nor frees an address for it.
+    NotHanded {
+        address: IpAddr,
+        why: String,
     },
 }
 
@@ -129,6 +172,21 @@ pub fn no_create_can_land(reservation: &Reservation, now: &str) -> bool {
             .is_ok_and(|bound| bound <= now),
         (Err(_), _) => true,
         (Ok(_), Err(_)) => false,
+    }
+}
+
+/// Clears `uid`'s reservation of `address`, its address object being there. A claim never holds
+/// two addresses: a reservation it got from a stale view (its object existed but was not seen)
+/// is freed.
+fn confirm(next: &mut Ledger, space: &mut Option<&mut AddressSpace>, address: IpAddr, uid: &str) {
+    next.confirm(address, uid);
+    let extra: Vec<IpAddr> = next
+        .reservations_of(uid)
+        .map(|(a, _)| a)
+        .filter(|a| *a != address)
+        .collect();
+    for stale in extra {
+        free(next, space, stale);
     }
 }
 
@@ -184,17 +242,7 @@ pub fn apply(
         }
     }
     for (address, uid) in &intent.confirm {
-        next.confirm(*address, uid);
-        // A claim never holds two addresses: a reservation it got from a stale view (its
-        // address object existed but was not seen) is freed once the object is confirmed.
-        let extra: Vec<IpAddr> = next
-            .reservations_of(uid)
-            .map(|(a, _)| a)
-            .filter(|a| a != address)
-            .collect();
-        for stale in extra {
-            free(&mut next, &mut space, stale);
-        }
+        confirm(&mut next, &mut space, *address, uid);
     }
     for address in &intent.adopt {
         hold(&mut next, &mut space, *address);
@@ -205,6 +253,25 @@ pub fn apply(
         next.rebuilt_at = None;
         next.rebuilt_because = None;
     }
+    if let Some(uid) = &intent.whole_in
+        && next.uid.as_ref() == Some(uid)
+    {
+        next.written_to = Some(uid.clone());
+    }
+    let mut outcomes = BTreeMap::new();
+    // After adoption: a record rebuilt from the live objects holds what they hold.
+    for found in &intent.found {
+        match found.refused_by(&next) {
+            None => confirm(&mut next, &mut space, found.address, &found.claim.uid),
+            Some(why) => {
+                let refusal = Refusal::NotHanded {
+                    address: found.address,
+                    why,
+                };
+                outcomes.insert(found.claim.uid.clone(), Err(refusal));
+            }
+        }
+    }
     let mut room = PendingRoom::of(&next);
     for (address, claim) in &intent.bind {
         let reservation = claim.reservation(now);
@@ -214,7 +281,6 @@ pub fn apply(
         }
     }
 
-    let mut outcomes = BTreeMap::new();
     let Some(space) = space else {
         for request in &intent.allocate {
             outcomes.insert(request.claim.uid.clone(), Err(Refusal::PoolInvalid));
@@ -554,6 +620,93 @@ mod tests {
         assert!(next.contains(ip("10.0.0.1")));
         assert!(!next.contains(ip("10.0.0.2")), "a holds one address");
         assert!(next.contains(ip("10.0.0.3")), "b's reservation is b's");
+    }
+
+    fn found(address: &str, uid: &str, shared: bool) -> Found {
+        Found {
+            address: ip(address),
+            claim: claim(uid),
+            shared,
+        }
+    }
+
+    /// An object a claim's status does not name yet is the claim's only where the record says
+    /// so; an object someone else made takes, frees and moves nothing.
+    #[test]
+    fn a_found_object_is_confirmed_only_where_the_record_agrees() {
+        let mut rng = StdRng::seed_from_u64(8);
+        let mut ledger = Ledger::default();
+        ledger.reserve(ip("10.0.0.1"), claim("a").reservation(NOW)); // a's create landed
+        ledger.reserve(ip("10.0.0.2"), claim("b").reservation(NOW)); // b's is in flight
+        ledger.insert(ip("10.0.0.3")); // c's confirmed address; its status not written yet
+        let table = [
+            (found("10.0.0.1", "a", false), None),
+            (
+                found("10.0.0.2", "x", false),
+                Some("reserved for claim ns/claim-b"),
+            ),
+            (found("10.0.0.3", "c", false), None),
+            (
+                found("10.0.0.3", "y", true),
+                Some("another claim's address object"),
+            ),
+            (
+                found("10.0.0.4", "z", false),
+                Some("record does not hold it"),
+            ),
+        ];
+        for (found, refused) in table {
+            let uid = found.claim.uid.clone();
+            let intent = Intent {
+                found: vec![found],
+                ..Default::default()
+            };
+            let (next, outcomes) = run(&ledger, &intent, &mut rng);
+            match refused {
+                None => assert!(!outcomes.contains_key(&uid), "{uid}: {outcomes:?}"),
+                Some(why) => {
+                    let Some(Err(Refusal::NotHanded { why: said, .. })) = outcomes.get(&uid) else {
+                        panic!("{uid} is refused: {outcomes:?}");
+                    };
+                    assert!(said.contains(why), "{uid}: {said}");
+                    assert_eq!(next, ledger, "{uid}: a refused object changes nothing");
+                }
+            }
+        }
+        let (next, _) = run(
+            &ledger,
+            &Intent {
+                found: vec![found("10.0.0.1", "a", false)],
+                ..Default::default()
+            },
+            &mut rng,
+        );
+        assert!(!next.pending.contains_key("10.0.0.1"), "a is confirmed");
+        assert!(next.contains(ip("10.0.0.1")));
+    }
+
+    #[test]
+    fn a_record_is_marked_whole_only_in_the_configmap_it_was_judged_in() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let ledger = Ledger {
+            uid: Some("cm-1".into()),
+            ..Default::default()
+        };
+        assert!(!ledger.whole(), "never judged");
+        let judged = |uid: &str| Intent {
+            whole_in: Some(uid.into()),
+            ..Default::default()
+        };
+        let (next, _) = run(&ledger, &judged("cm-1"), &mut rng);
+        assert!(next.whole());
+        // A restore between the judgement and the commit: another ConfigMap is not marked.
+        let (next, _) = run(&ledger, &judged("cm-0"), &mut rng);
+        assert!(!next.whole());
+        let restored = Ledger {
+            written_to: Some("cm-0".into()),
+            ..ledger
+        };
+        assert!(!restored.whole(), "a copy of another ConfigMap's record");
     }
 
     #[test]

@@ -243,6 +243,12 @@ fn ledger_full_message(pool: &str, bytes: usize) -> String {
     )
 }
 
+fn not_handed_message(pool: &str, address: &std::net::IpAddr, why: &str) -> String {
+    format!(
+        "the claim's address object names {address}, which {pool} did not hand to this claim ({why}): bitpool did not make that object; delete it and the claim is served"
+    )
+}
+
 fn fenced_message(pool: &str, until: &str) -> String {
     format!(
         "{pool} rebuilt its allocation record from its address objects; new addresses are handed out from {until}, when nothing can still be in flight"
@@ -295,6 +301,14 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
         } => (
             capi::reasons::POOL_EXHAUSTED,
             ledger_full_message(pool, *bytes),
+        ),
+        Outcome::Refused {
+            refusal: Refusal::NotHanded { address, why },
+            pool,
+            ..
+        } => (
+            capi::reasons::ALLOCATION_FAILED,
+            not_handed_message(pool, address, why),
         ),
         Outcome::Failed(message) => (capi::reasons::ALLOCATION_FAILED, message.clone()),
         Outcome::Allocated { .. } => ("AddressAllocated", String::new()),
@@ -365,6 +379,11 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             pool,
             ..
         } => ledger_full_message(pool, *bytes),
+        Outcome::Refused {
+            refusal: Refusal::NotHanded { address, why },
+            pool,
+            ..
+        } => not_handed_message(pool, address, why),
         Outcome::Refused {
             refusal: Refusal::Alloc(e),
             ..

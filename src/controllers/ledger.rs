@@ -10,7 +10,9 @@
 //! object is not yet confirmed — address → claim UID, name and time — so that a crash between
 //! "ledger says taken" and "address object created" resumes with the same address for the same
 //! claim. `data.rebuiltAt` marks a ledger rebuilt without knowing what was in flight (see
-//! [`REBUILD_FENCE`]).
+//! [`REBUILD_FENCE`]). `data.writtenTo` is the UID of the ConfigMap the record was judged whole
+//! in: a ConfigMap restored from a backup is a new object with an old UID there, so bitpool knows
+//! it may lack addresses handed out since (see [`Ledger::whole`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -32,6 +34,7 @@ const IPV6_KEY: &str = "ipv6";
 const PENDING_KEY: &str = "pending";
 const REBUILT_KEY: &str = "rebuiltAt";
 const REBUILT_BECAUSE_KEY: &str = "rebuiltBecause";
+const WRITTEN_TO_KEY: &str = "writtenTo";
 const FORMAT_KEY: &str = "format";
 const FORMAT: &str = "2";
 /// Format 1 (one bitmap and its family) is still read.
@@ -152,6 +155,10 @@ pub struct Ledger {
     pub rebuilt_at: Option<String>,
     /// Why it was rebuilt, for the pool's condition.
     pub rebuilt_because: Option<String>,
+    /// The UID of the ConfigMap this record was last judged whole in (`data.writtenTo`).
+    pub written_to: Option<String>,
+    /// The UID of the ConfigMap it was read from (not stored in it).
+    pub uid: Option<String>,
 }
 
 impl Ledger {
@@ -252,6 +259,15 @@ impl Ledger {
         }
     }
 
+    /// Whether this record was judged whole in the very ConfigMap it was read from. Every
+    /// address bitpool hands out is reserved in the record before its object is created, so in
+    /// a whole record an address object it does not list was not made by bitpool. A record
+    /// restored from a backup (a new ConfigMap), or one written before bitpool kept this mark,
+    /// is not known to be whole: an unlisted object there may be a create of the lost part.
+    pub fn whole(&self) -> bool {
+        self.uid.is_some() && self.written_to == self.uid
+    }
+
     /// Starts the rebuild fence at `now`.
     pub fn fence(&mut self, now: &str, because: String) {
         self.rebuilt_at = Some(now.to_string());
@@ -278,6 +294,9 @@ impl Ledger {
         }
         if let Some(because) = &self.rebuilt_because {
             data.insert(REBUILT_BECAUSE_KEY.into(), because.clone());
+        }
+        if let Some(uid) = &self.written_to {
+            data.insert(WRITTEN_TO_KEY.into(), uid.clone());
         }
         ConfigMap {
             metadata: meta,
@@ -333,6 +352,8 @@ impl Ledger {
         }
         ledger.rebuilt_at = data.get(REBUILT_KEY).cloned();
         ledger.rebuilt_because = data.get(REBUILT_BECAUSE_KEY).cloned();
+        ledger.written_to = data.get(WRITTEN_TO_KEY).cloned();
+        ledger.uid = config_map.metadata.uid.clone();
         Ok(ledger)
     }
 }
@@ -480,7 +501,10 @@ impl LedgerRef {
         let config_map = ledger.to_config_map(self.meta(None));
         match self.api.create(&PostParams::default(), &config_map).await {
             Ok(created) => Ok(Some(Stored {
-                ledger: ledger.clone(),
+                ledger: Ledger {
+                    uid: created.metadata.uid,
+                    ..ledger.clone()
+                },
                 resource_version: created.metadata.resource_version,
             })),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
@@ -505,7 +529,10 @@ impl LedgerRef {
             .await
         {
             Ok(replaced) => Ok(Some(Stored {
-                ledger: ledger.clone(),
+                ledger: Ledger {
+                    uid: replaced.metadata.uid,
+                    ..ledger.clone()
+                },
                 resource_version: replaced.metadata.resource_version,
             })),
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(None),

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use super::Context;
 use super::duplicates::{self, SharedAddress};
 use super::error::Error;
-use super::intent::{self, Intent, Refusal, Request};
+use super::intent::{self, Found, Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
 use super::objects::{self, FinalizerPatch};
@@ -315,15 +315,25 @@ pub async fn fresh_addresses(
     namespace: Option<&str>,
     kinds: AddressKinds,
 ) -> Result<FreshAddresses, kube::Error> {
+    listed_addresses(client, namespace, kinds, &Default::default()).await
+}
+
+/// [`fresh_addresses`] as `params` list them (at most `params.limit` of each kind, say).
+pub async fn listed_addresses(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    kinds: AddressKinds,
+    params: &kube::api::ListParams,
+) -> Result<FreshAddresses, kube::Error> {
     let capi: Api<capi::IPAddress> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let capi = capi.list(&Default::default()).await?.items;
+    let capi = capi.list(params).await?.items;
     let metal3 = match (namespace, kinds) {
         (Some(ns), AddressKinds::CapiAndMetal3) => {
             Api::<metal3_ipam::Metal3IPAddress>::namespaced(client.clone(), ns)
-                .list(&Default::default())
+                .list(params)
                 .await?
                 .items
         }
@@ -597,6 +607,26 @@ fn report_shared<P: PoolDialect>(pool: &P, ctx: &Context, shared: &[SharedAddres
         .publish(pool.object_ref(&()), Reason::DuplicateAddress, message);
 }
 
+/// Says so when address objects name the pool with addresses it did not hand out (made by hand,
+/// or by another provider): the log and an Event. Nothing is adopted, fenced or freed for them.
+fn report_foreign<P: PoolDialect>(pool: &P, ctx: &Context, foreign: &[AnyAddress]) {
+    let named: BTreeMap<String, String> = foreign
+        .iter()
+        .filter_map(|a| Some((a.describe(), pool.show(pool.held(a)?))))
+        .collect();
+    let Some((first, address)) = named.iter().next() else {
+        return;
+    };
+    let message = format!(
+        "{} address object(s) name this pool with an address it did not hand out (for example {first}, {address}): bitpool did not make them, and neither adopts nor frees an address for them",
+        named.len()
+    );
+    tracing::warn!(pool = %pool.key().describe(), "{message}");
+    ctx.ops
+        .events
+        .publish(pool.object_ref(&()), Reason::ForeignAddress, message);
+}
+
 /// The pools of one kind that hand out addresses, by key, from their cache.
 pub(super) fn covered_pools<Q: PoolDialect>(
     store: &Store<Q>,
@@ -638,6 +668,11 @@ fn report_overlaps<P: PoolDialect>(pool: &P, ctx: &Context, overlaps: &[Overlap]
     }
 }
 
+/// Whether `claim`'s status names `object`: then bitpool made it for the claim.
+fn vouches(claim: &AnyClaim, object: &AnyAddress) -> bool {
+    claim.status_address_name().as_deref() == Some(object.name().as_str())
+}
+
 fn claim_key(claim: &AnyClaim) -> ClaimKey {
     (claim.kind(), claim.namespace(), claim.name())
 }
@@ -665,6 +700,14 @@ struct Batch {
     finished: Vec<AnyClaim>,
     /// Existing address objects lacking owners, finalizer or labels, with the patch that adds them.
     to_adopt: Vec<(AnyAddress, serde_json::Value)>,
+    /// Which address object each claim's status names.
+    named: HashMap<ClaimKey, String>,
+    /// Objects of live claims that their status does not name, judged by transaction 1 (or 2,
+    /// for one met by a create) before the claim is served with them ([`intent::Found`]).
+    found_first: Vec<(AnyClaim, AnyAddress)>,
+    found_second: Vec<(AnyClaim, AnyAddress)>,
+    /// Address objects bitpool did not make, which hold nothing for it: the report names them.
+    foreign: Vec<AnyAddress>,
     statuses: Vec<(AnyClaim, Outcome)>,
     /// Who holds what after this reconcile (claim kind and name → address), for the status.
     holders: BTreeMap<(ClaimKind, String), IpAddr>,
@@ -706,6 +749,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         .collect();
     let (addresses, extras) = index_by_claim(pool.addresses(&ctx, None), &named);
     let mut batch = plan(&*pool, &ctx, &claims, &addresses, base.as_ref()).await?;
+    batch.named = named;
     batch.duplicates = second_objects::<P>(&claims, extras);
     batch.orphaned = orphaned_objects(&ctx, &claims, &addresses).await?;
 
@@ -745,6 +789,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         overlaps: &overlaps,
     };
     report_shared(&*pool, &ctx, &batch.shared);
+    report_foreign(&*pool, &ctx, &batch.foreign);
     report_overlaps(&*pool, &ctx, &overlaps);
     if let Some(patch) = pool.status_patch(&report) {
         let api = pool.api_for(ctx.client.clone());
@@ -805,18 +850,29 @@ async fn transact<P: PoolDialect>(
         .values()
         .any(|a| a.meta().deletion_timestamp.is_none());
     let create = !deleting && live_objects;
-    let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, &mut batch.first).await;
+    let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, batch).await;
     let known = keep_first(&mut ledger_error, repaired).flatten();
 
     let create = !deleting && !batch.first.allocate.is_empty();
     let first =
         transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.first, create).await;
-    let outcomes = keep_first(&mut ledger_error, first)
-        .map(|(_, _, outcomes, _)| outcomes)
-        .unwrap_or_default();
+    let first = keep_first(&mut ledger_error, first).map(|(_, _, outcomes, _)| outcomes);
+    // Unjudged (the commit failed), a found object serves nobody this time.
+    if let Some(outcomes) = &first {
+        let found = std::mem::take(&mut batch.found_first);
+        batch.settle_found(pool, found, outcomes, spec_error);
+    }
+    let outcomes = first.unwrap_or_default();
     let committed = Instant::now();
     let reclaimed_objects = batch.orphaned.len();
     create_addresses(pool, ctx, batch, &outcomes, committed, spec_error).await;
+    for (found, (claim, _)) in batch.second.found.iter_mut().zip(&batch.found_second) {
+        found.shared = addresses.values().any(|other| {
+            address_key(other) != claim_key(claim)
+                && other.meta().deletion_timestamp.is_none()
+                && pool.held(other) == Some(found.address)
+        });
+    }
     delete_addresses(pool, ctx, batch).await?;
 
     // Read again, not the ledger the first commit wrote: what is found unexplained is judged
@@ -839,9 +895,14 @@ async fn transact<P: PoolDialect>(
     }
     let second =
         transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.second, false).await;
-    let (ledger, usage) = keep_first(&mut ledger_error, second)
-        .map(|(ledger, usage, _, _)| (ledger, usage))
-        .unwrap_or_default();
+    let (ledger, usage) = match keep_first(&mut ledger_error, second) {
+        Some((ledger, usage, outcomes, _)) => {
+            let found = std::mem::take(&mut batch.found_second);
+            batch.settle_found(pool, found, &outcomes, spec_error);
+            (ledger, usage)
+        }
+        None => Default::default(),
+    };
     let metrics = &ctx.ops.metrics;
     metrics.allocated(&pool.key().kind, batch.second.confirm.len());
     let released = batch.second.release.len()
@@ -910,6 +971,8 @@ async fn plan<P: PoolDialect>(
     if claims.again {
         batch.again_within(Duration::ZERO);
     }
+    // An address another claim's object holds too stays allocated when this one goes.
+    batch.shared = shared_addresses(pool, addresses);
     let mut unserved = Vec::new();
     for claim in &claims.live {
         let held = addresses.get(&claim_key(claim));
@@ -932,8 +995,9 @@ async fn plan<P: PoolDialect>(
 
 impl Batch {
     /// A live claim with its address object: confirmed (and the object adopted where it lacks
-    /// owners or finalizer), or bound while the object goes. False when the object holds no
-    /// address of the pool's.
+    /// owners or finalizer), or bound while the object goes. An object the claim's status does
+    /// not name is confirmed only if transaction 1 finds that the address is the claim's. False
+    /// when the object holds no address of the pool's.
     fn plan_held<P: PoolDialect>(
         &mut self,
         pool: &P,
@@ -943,17 +1007,43 @@ impl Batch {
         let (Some(id), Some(ip)) = (claim.id(), pool.held(object)) else {
             return false;
         };
+        let vouched = vouches(claim, object);
         if object.meta().deletion_timestamp.is_some() {
-            self.first.bind.push((ip, id));
+            // Its address stays the claim's while the object goes, if bitpool gave it.
+            if vouched {
+                self.first.bind.push((ip, id));
+            }
+            return vouched;
+        }
+        if !vouched {
+            let shared = self.shared.iter().any(|s| s.address == ip);
+            self.first.found.push(Found {
+                address: ip,
+                claim: id,
+                shared,
+            });
+            self.found_first.push((claim.clone(), object.clone()));
             return true;
         }
+        self.first.confirm.push((ip, id.uid));
+        self.serve_with(pool, claim, object, ip);
+        true
+    }
+
+    /// `claim` is served with `object`, which holds `ip`.
+    fn serve_with<P: PoolDialect>(
+        &mut self,
+        pool: &P,
+        claim: &AnyClaim,
+        object: &AnyAddress,
+        ip: IpAddr,
+    ) {
         let adoption = pool
             .address_metadata(claim, object)
             .and_then(|desired| objects::adoption_patch(object.meta(), &desired));
         if let Some(patch) = adoption {
             self.to_adopt.push((object.clone(), patch));
         }
-        self.first.confirm.push((ip, id.uid));
         self.holders.insert((claim.kind(), claim.name()), ip);
         self.statuses.push((
             claim.clone(),
@@ -962,7 +1052,34 @@ impl Batch {
                 address: pool.show(ip),
             },
         ));
-        true
+    }
+
+    /// The claims whose objects a transaction judged ([`intent::Found`]): served with them, or
+    /// told why not. Confirming again what the transaction confirmed changes nothing.
+    fn settle_found<P: PoolDialect>(
+        &mut self,
+        pool: &P,
+        found: Vec<(AnyClaim, AnyAddress)>,
+        outcomes: &Outcomes,
+        spec_error: &Option<String>,
+    ) {
+        for (claim, object) in found {
+            let (Some(uid), Some(ip)) = (claim.meta().uid.clone(), pool.held(&object)) else {
+                continue;
+            };
+            match outcomes.get(&uid) {
+                Some(Err(refusal @ Refusal::NotHanded { .. })) => {
+                    self.foreign.push(object);
+                    let refused = Outcome::Refused {
+                        refusal: refusal.clone(),
+                        pool: pool.key().describe(),
+                        spec_error: spec_error.clone(),
+                    };
+                    self.statuses.push((claim, refused));
+                }
+                _ => self.serve_with(pool, &claim, &object, ip),
+            }
+        }
     }
 
     /// A live claim without an address object: a request in transaction 1, or why it cannot
@@ -1062,8 +1179,6 @@ async fn plan_releases<P: PoolDialect>(
         true => None,
         false => Some(fresh_objects_of(pool, ctx, missing).await?),
     };
-    // An address another claim's object holds too stays allocated when this one goes.
-    batch.shared = shared_addresses(pool, addresses);
     let shared: HashSet<IpAddr> = batch.shared.iter().map(|s| s.address).collect();
     for claim in &claims.releasing {
         let Some(id) = claim.id() else { continue };
@@ -1072,7 +1187,9 @@ async fn plan_releases<P: PoolDialect>(
             .or_else(|| fresh.as_ref()?.get(&claim_key(claim)));
         match object.and_then(|a| Some((pool.held(a)?, a))) {
             Some((ip, a)) => {
-                if !shared.contains(&ip) {
+                // An object the claim's status does not name may be someone else's making:
+                // what it holds is freed after it goes only if no other object holds it.
+                if !shared.contains(&ip) && vouches(claim, a) {
                     batch.first.bind.push((ip, id));
                 }
                 batch.to_delete.push((claim.clone(), a.clone()));
@@ -1240,13 +1357,20 @@ impl Batch {
             }
             Some(Ok(Created::Own(existing))) => {
                 // The claim's object existed with another address (a cache that had not seen
-                // it): that one is the claim's, the new reservation is not needed.
+                // it, or an object someone else made): the new reservation is not needed, and
+                // transaction 2 judges whether that address is the claim's.
                 self.second.release.push((lease.address, uid.clone()));
-                let Some(address) = pool.held(&existing) else {
+                let (Some(address), Some(id)) = (pool.held(&existing), claim.id()) else {
                     let message = format!("{} holds no address", existing.describe());
                     return self.statuses.push((claim, Outcome::Failed(message)));
                 };
-                address
+                // Whether another claim's object holds it is filled in from the index.
+                self.second.found.push(Found {
+                    address,
+                    claim: id,
+                    shared: false,
+                });
+                return self.found_second.push((claim, existing));
             }
             Some(Ok(Created::Conflict(message))) => {
                 // The name is taken by another object: this reservation is not needed.
@@ -1296,6 +1420,9 @@ async fn delete_addresses<P: PoolDialect>(
     for (claim, address, gone) in deletions {
         if gone? {
             ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
+            if !vouches(&claim, &address) {
+                batch.orphans_deleted.extend(pool.held(&address));
+            }
             batch.second.release_claims.extend(claim.meta().uid.clone());
             batch.holders.remove(&(claim.kind(), claim.name()));
             batch.finished.push(claim);
@@ -1479,40 +1606,51 @@ fn next_check(
     next
 }
 
-/// What the ledger must learn from the live address objects: an address object it does not list
-/// means the record lost something (a hand edit, a restore, another provider): the objects are
-/// adopted and the rebuild fence starts. When a fence is over, a fresh list is adopted and the
-/// fence ends. Returns the ledger as read, for the first commit to start from.
+/// What the ledger must learn from the live address objects. Every address bitpool hands out
+/// is reserved in the record before its object is created, so an object the record does not
+/// list means one of two things. Where the record is not known to be whole (restored from a
+/// backup, rebuilt, or written before bitpool marked whole records) or lacks the object a
+/// claim's status names, the record lost something: the live objects are adopted and the
+/// rebuild fence starts. Otherwise someone else made the object: it is adopted by nothing,
+/// fences nothing, and the report names it. When a fence is over, a fresh list is adopted and
+/// the fence ends. Returns the ledger as read, for the first commit to start from.
 async fn repair_record<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     ledger_ref: &LedgerRef,
     addresses: &AddressIndex,
     create: bool,
-    intent: &mut Intent,
+    batch: &mut Batch,
 ) -> Result<Option<ledger::Stored>, Error> {
     let Some(stored) = transaction::load(ledger_ref, pool, ctx, create).await? else {
         return Ok(None);
     };
     let ledger = &stored.ledger;
-    let fence_over =
-        ledger.rebuilt_at.is_some() && ledger.fenced_until(&objects::now().0.to_string()).is_none();
+    let fenced = ledger.rebuilt_at.is_some();
+    let fence_over = fenced && ledger.fenced_until(&objects::now().0.to_string()).is_none();
+    let whole = ledger.whole() && !fenced;
+    let named = &batch.named;
+    let served = |a: &AnyAddress| named.get(&address_key(a)) == Some(&a.name());
     // Objects this process deleted are not live, though a lagging cache still lists them (a
     // mass deletion would otherwise list the namespace once per reconcile).
-    let unlisted = addresses
+    let unlisted: Vec<&AnyAddress> = addresses
         .values()
         .filter(|a| !ctx.recently_deleted_address(a.meta().uid.as_deref().unwrap_or_default()))
-        .filter_map(|a| pool.held(a))
-        .any(|ip| !ledger.contains(ip));
-    if !fence_over && !unlisted {
+        .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
+        .collect();
+    let lost = !unlisted.is_empty() && (!whole || unlisted.iter().any(|a| served(a)));
+    if !fence_over && !lost && (whole || fenced) {
+        batch.foreign.extend(unlisted.into_iter().cloned());
         return Ok(Some(stored));
     }
     let fresh = fresh_pool_addresses(pool, ctx).await?;
-    intent.adopt = fresh
+    let (adopt, foreign): (Vec<&AnyAddress>, Vec<&AnyAddress>) = fresh
         .iter()
-        .filter_map(|a| pool.held(a))
-        .filter(|ip| !ledger.contains(*ip))
-        .collect();
+        .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
+        .partition(|a| !whole || served(a));
+    batch.foreign.extend(foreign.into_iter().cloned());
+    let intent = &mut batch.first;
+    intent.adopt = adopt.iter().filter_map(|a| pool.held(a)).collect();
     if let (false, Some(first)) = (fence_over, intent.adopt.first()) {
         intent.fence = Some(format!(
             "{} did not list {} live address object(s) of the pool (for example {first})",
@@ -1521,6 +1659,10 @@ async fn repair_record<P: PoolDialect>(
         ));
     }
     intent.end_fence = fence_over;
+    // Judged against a fresh list, with no fence to follow: the record is whole.
+    if fence_over || intent.fence.is_none() {
+        intent.whole_in = ledger.uid.clone();
+    }
     Ok(Some(stored))
 }
 

@@ -152,13 +152,21 @@ pub async fn load<P: PoolDialect>(
                     continue;
                 }
                 let lost = reserved.then(|| format!("{} was missing", ledger_ref.describe()));
+                // A pool never marked has no object a bitpool process made: its first record
+                // is whole, and says so in its first write.
+                let whole = lost.is_none();
                 let ledger = rebuild(pool, ctx, lost).await?;
                 match ledger_ref.create(&ledger).await {
                     Err(Error::LedgerNamespaceMissing(ns)) => {
                         ensure_namespace(&ctx.client, &ns).await?;
                         None
                     }
-                    other => other?,
+                    other => other?.map(|mut stored| {
+                        if whole {
+                            stored.ledger.written_to = stored.ledger.uid.clone();
+                        }
+                        stored
+                    }),
                 }
             }
             Loaded::Untrusted {

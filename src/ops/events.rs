@@ -36,6 +36,8 @@ pub enum Reason {
     DuplicateAddress,
     /// A pool's addresses meet another pool's.
     PoolsOverlap,
+    /// An address object names a pool that did not hand its address out.
+    ForeignAddress,
 }
 
 impl Reason {
@@ -47,6 +49,7 @@ impl Reason {
             Reason::InvalidSpec => "InvalidSpec",
             Reason::DuplicateAddress => "DuplicateAddress",
             Reason::PoolsOverlap => "PoolsOverlap",
+            Reason::ForeignAddress => "ForeignAddress",
         }
     }
 
@@ -56,7 +59,8 @@ impl Reason {
             Reason::PoolExhausted
             | Reason::InvalidSpec
             | Reason::DuplicateAddress
-            | Reason::PoolsOverlap => EventType::Warning,
+            | Reason::PoolsOverlap
+            | Reason::ForeignAddress => EventType::Warning,
         }
     }
 
@@ -64,7 +68,10 @@ impl Reason {
         match self {
             Reason::AddressAllocated | Reason::PoolExhausted => "Allocate",
             Reason::AddressReleased => "Release",
-            Reason::InvalidSpec | Reason::DuplicateAddress | Reason::PoolsOverlap => "Validate",
+            Reason::InvalidSpec
+            | Reason::DuplicateAddress
+            | Reason::PoolsOverlap
+            | Reason::ForeignAddress => "Validate",
         }
     }
 }
