@@ -7,6 +7,7 @@
 #   hack/load.sh --pools 1000x10 --peer              many pools
 #   hack/load.sh --backlog 10000,50000               backlogs served from a fresh start
 #   hack/load.sh --hold 100000                       memory and start-up with 100,000 allocated
+#   hack/load.sh --admission 50000                   a pool delete's and update's admission, 50,000 allocated
 #
 # bitpool-load --help lists every option (connections, the peer's largest run, timeouts).
 set -euo pipefail

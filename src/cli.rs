@@ -623,7 +623,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     })
     .await?;
     // Before the CRD wait: the pool CRDs convert through this server.
-    start_webhooks(&args.webhook, &client).await?;
+    start_webhooks(&args.webhook, &args.ledger_namespace, &client).await?;
     let (ops, election) = start_ops(&args, &client).await?;
     // bitpool's own CRDs, and the contract's IPAddressClaim and IPAddress (from Cluster API
     // core, or `bitpool crds --apply --standalone`).
@@ -734,7 +734,11 @@ async fn start_ops(
     Ok((ops, election))
 }
 
-async fn start_webhooks(args: &WebhookArgs, client: &kube::Client) -> Result<(), Error> {
+async fn start_webhooks(
+    args: &WebhookArgs,
+    ledger_namespace: &str,
+    client: &kube::Client,
+) -> Result<(), Error> {
     if args.webhook_port == 0 {
         tracing::info!("webhook server off (--webhook-port=0)");
         return Ok(());
@@ -743,6 +747,8 @@ async fn start_webhooks(args: &WebhookArgs, client: &kube::Client) -> Result<(),
     let webhooks = std::sync::Arc::new(crate::webhook::Webhooks {
         client: client.clone(),
         refuse_overlap: args.refuse_overlapping_pools,
+        ledger_namespace: ledger_namespace.to_string(),
+        writers: Default::default(),
     });
     let addr = std::net::SocketAddr::new(args.webhook_host, args.webhook_port);
     // Served until the process exits: peers may still call it while work drains.

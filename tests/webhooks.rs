@@ -868,3 +868,186 @@ async fn idle_connections_neither_stop_admission_nor_stay() {
     let open = closed.iter().filter(|c| !**c).count();
     assert_eq!(open, 0, "{open} idle connections were still open");
 }
+
+/// A client that acts as `user` (by impersonation, as the API server authenticates it).
+async fn impersonating(user: &str) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(support::kubeconfig_path())
+        .expect("read the kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .expect("a usable kubeconfig");
+    config.auth_info.impersonate = Some(user.into());
+    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+    kube::Client::try_from(config).expect("a client")
+}
+
+/// Lets `user` create address objects of both kinds in the test's namespace, and nothing else.
+async fn grant_address_writes(env: &Env, user: &str) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let role = Role {
+        metadata: env.meta("address-writer"),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![CAPI_GROUP.into(), METAL3_GROUP.into()]),
+            resources: Some(vec!["ipaddresses".into()]),
+            verbs: vec!["create".into(), "get".into()],
+            ..Default::default()
+        }]),
+    };
+    create(&env.api(), &role).await;
+    let binding = RoleBinding {
+        metadata: env.meta("address-writer"),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "address-writer".into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.into(),
+            namespace: None,
+        }]),
+    };
+    create(&env.api(), &binding).await;
+}
+
+/// A tenant who may write IPAddresses in its own namespace cannot make one for a pool bitpool
+/// allocates from, of either kind: a shared global pool's address taken by hand, or a Metal3
+/// pool's. bitpool's own objects pass (a claim is served), and so does the pool's owner's (here
+/// the administrator, as `clusterctl move` writes them).
+#[tokio::test]
+async fn only_bitpool_and_a_pools_owners_make_its_address_objects() {
+    let Some(harness) = serve("wh-writers", &[]).await else {
+        panic!("the upstream CRDs are not available (hack/upstream-crds.sh)");
+    };
+    let env = &harness.env;
+    let global = global_pool(env, "shared", capi_spec(&["10.91.0.0/28"], 24)).await;
+    metal3_pool(env, "site", metal3_spec("10.92.0.10", "10.92.0.20", 24)).await;
+    claim(env, "served", "GlobalInClusterIPPool", &global).await;
+    wait_claim(env, "served", "served through the webhook", |c| {
+        c.status == "True"
+    })
+    .await;
+
+    let user = format!("tenant-{}", env.name());
+    grant_address_writes(env, &user).await;
+    let tenant = impersonating(&user).await;
+    let capi_address = bitpool::api::capi::IPAddress {
+        metadata: env.meta("by-hand"),
+        spec: bitpool::api::capi::IPAddressSpec {
+            claim_ref: bitpool::api::capi::LocalObjectName {
+                name: "by-hand".into(),
+            },
+            pool_ref: bitpool::api::capi::IPPoolReference {
+                name: global.clone(),
+                kind: "GlobalInClusterIPPool".into(),
+                api_group: CAPI_GROUP.into(),
+            },
+            address: "10.91.0.9".into(),
+            prefix: 24,
+            gateway: None,
+        },
+    };
+    let theirs: Api<bitpool::api::capi::IPAddress> = Api::namespaced(tenant.clone(), env.name());
+    assert_denied(
+        theirs.create(&PostParams::default(), &capi_address).await,
+        &[
+            &format!("GlobalInClusterIPPool {global}"),
+            "which bitpool allocates from",
+            "create a claim",
+        ],
+    );
+    let reference = |name: &str| k8s_openapi::api::core::v1::ObjectReference {
+        name: Some(name.into()),
+        namespace: Some(env.name().to_string()),
+        ..Default::default()
+    };
+    let metal3_address = bitpool::api::metal3_ipam::Metal3IPAddress {
+        metadata: env.meta("site-10-92-0-15"),
+        spec: bitpool::api::metal3_ipam::Metal3IPAddressSpec {
+            claim: reference("by-hand"),
+            pool: reference("site"),
+            address: "10.92.0.15".into(),
+            prefix: Some(24),
+            gateway: None,
+            dns_servers: Vec::new(),
+        },
+    };
+    let theirs: Api<bitpool::api::metal3_ipam::Metal3IPAddress> =
+        Api::namespaced(tenant, env.name());
+    assert_denied(
+        theirs.create(&PostParams::default(), &metal3_address).await,
+        &[&format!("IPPool {}/site", env.name())],
+    );
+
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let admin: Api<bitpool::api::capi::IPAddress> = env.api();
+    admin
+        .create(&dry_run, &capi_address)
+        .await
+        .expect("the pool's owner may write its address objects");
+}
+
+/// A pool's checks read what it has allocated from its ledger, not from a list of every address
+/// object (which takes longer than the webhook's 10 s in a large cluster): an address reserved
+/// in the ledger for a claim whose object is not created yet keeps the pool from being deleted,
+/// and the message names that claim.
+#[tokio::test]
+async fn a_pools_checks_read_its_ledger() {
+    let Some(harness) = serve("wh-ledger", &[]).await else {
+        panic!("the upstream CRDs are not available (hack/upstream-crds.sh)");
+    };
+    let env = &harness.env;
+    // Paused: bitpool's controllers leave its ledger as written here.
+    let mut metadata = env.meta("p");
+    metadata.annotations = Some([("cluster.x-k8s.io/paused".to_string(), String::new())].into());
+    let pool = InClusterIPPool {
+        metadata,
+        spec: capi_spec(&["10.93.0.0/24"], 24),
+        status: None,
+    };
+    let pools: Api<InClusterIPPool> = env.api();
+    let pool = pools
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create the pool");
+    let mut ledger = bitpool::controllers::ledger::Ledger::default();
+    ledger.reserve(
+        "10.93.0.5".parse().expect("an address"),
+        bitpool::controllers::ledger::Reservation {
+            claim_namespace: env.name().to_string(),
+            claim_name: "in-flight".into(),
+            claim_uid: "0b7d1c4e-0000-4000-8000-000000000001".into(),
+            since: "2026-12-02T00:00:00Z".into(),
+        },
+    );
+    bitpool::controllers::ledger::LedgerRef::new(
+        env.client.clone(),
+        env.name(),
+        "InClusterIPPool",
+        Some(env.name()),
+        "p",
+        pool.uid().expect("a UID"),
+        None,
+    )
+    .create(&ledger)
+    .await
+    .expect("write the ledger");
+    assert_denied(
+        pools.delete("p", &DeleteParams::default()).await,
+        &["1 address(es) held by claim(s): in-flight"],
+    );
+    let shrink = json!({"spec": {"addresses": ["10.93.0.100-10.93.0.200"]}});
+    assert_denied(
+        pools
+            .patch("p", &PatchParams::default(), &Patch::Merge(&shrink))
+            .await,
+        &["10.93.0.5 (claim in-flight)"],
+    );
+}

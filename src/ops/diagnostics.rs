@@ -5,9 +5,8 @@
 //! minute by the token's SHA-256, and asked on a client of their own (with its own rate limit):
 //! callers of `/metrics`, authenticated or not, cost the controllers nothing.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
@@ -19,6 +18,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use super::metrics::{CONTENT_TYPE, Metrics};
+use crate::net::decisions::Remembered;
 use crate::net::http::{self, Reply};
 
 pub const METRICS_PATH: &str = "/metrics";
@@ -32,19 +32,11 @@ pub enum Access {
     Authorized(Client, Arc<Decisions>),
 }
 
-/// How long a decision about a token is reused.
-pub const DECISION_TTL: Duration = Duration::from_secs(60);
-/// The most decisions remembered; beyond it the expired ones go, then all (a flood of distinct
-/// tokens costs reviews, never memory).
-const MAX_DECISIONS: usize = 10_000;
-
 type Decision = Result<(), (StatusCode, String)>;
 
 /// Authorization decisions by the SHA-256 of the token (the token itself is never kept).
 #[derive(Default)]
-pub struct Decisions {
-    entries: Mutex<HashMap<[u8; 32], (Instant, Decision)>>,
-}
+pub struct Decisions(Remembered<[u8; 32], Decision>);
 
 impl Decisions {
     fn key(token: &str) -> [u8; 32] {
@@ -54,11 +46,9 @@ impl Decisions {
         key
     }
 
-    /// The decision about `token` made less than [`DECISION_TTL`] before `now`.
+    /// The decision about `token` made less than a minute before `now`.
     fn get(&self, token: &str, now: Instant) -> Option<Decision> {
-        let entries = self.entries.lock().ok()?;
-        let (at, decision) = entries.get(&Self::key(token))?;
-        (now.duration_since(*at) < DECISION_TTL).then(|| decision.clone())
+        self.0.get(&Self::key(token), now)
     }
 
     /// Remembers a decision; one the API server could not make (503) is not remembered.
@@ -66,16 +56,7 @@ impl Decisions {
         if matches!(decision, Err((StatusCode::SERVICE_UNAVAILABLE, _))) {
             return;
         }
-        let Ok(mut entries) = self.entries.lock() else {
-            return;
-        };
-        if entries.len() >= MAX_DECISIONS {
-            entries.retain(|_, (at, _)| now.duration_since(*at) < DECISION_TTL);
-            if entries.len() >= MAX_DECISIONS {
-                entries.clear();
-            }
-        }
-        entries.insert(Self::key(token), (now, decision.clone()));
+        self.0.put(Self::key(token), now, decision.clone());
     }
 }
 
@@ -182,6 +163,7 @@ async fn authorize(client: &Client, token: &str) -> Result<(), (StatusCode, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::decisions::DECISION_TTL;
 
     #[test]
     fn decisions_are_reused_for_a_minute_and_never_when_the_server_was_unreachable() {
@@ -192,26 +174,11 @@ mod tests {
         decisions.put("token-b", start, &forbidden);
         let unreachable = Err((StatusCode::SERVICE_UNAVAILABLE, "down\n".to_string()));
         decisions.put("token-c", start, &unreachable);
-        let later = start + DECISION_TTL - Duration::from_secs(1);
+        let later = start + DECISION_TTL - std::time::Duration::from_secs(1);
         assert_eq!(decisions.get("token-a", later), Some(Ok(())));
         assert_eq!(decisions.get("token-b", later), Some(forbidden));
         assert_eq!(decisions.get("token-c", later), None);
         assert_eq!(decisions.get("token-a", start + DECISION_TTL), None);
         assert_eq!(decisions.get("unknown", later), None);
-    }
-
-    #[test]
-    fn a_flood_of_tokens_is_bounded() {
-        let decisions = Decisions::default();
-        let now = Instant::now();
-        for i in 0..MAX_DECISIONS + 10 {
-            decisions.put(&format!("token-{i}"), now, &Ok(()));
-        }
-        let kept = decisions
-            .entries
-            .lock()
-            .map(|e| e.len())
-            .unwrap_or(usize::MAX);
-        assert!(kept <= MAX_DECISIONS, "{kept}");
     }
 }

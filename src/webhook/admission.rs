@@ -2,6 +2,8 @@
 //! cluster state they need. Reads are live (not cached): an admission decision must not act on
 //! a stale view of what is allocated.
 
+use std::collections::HashMap;
+
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Client, ResourceExt};
@@ -9,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::rules::{self, Held, Reference};
-use super::{Phase, Webhooks, conversion};
+use super::{Phase, Webhooks, conversion, writers};
 use crate::alloc::{Layout, Numbering};
 use crate::api::capi::{self, IPPoolReference};
 use crate::api::capi_pools::{
@@ -18,7 +20,12 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
-use crate::controllers::pool::{AddressKinds, PoolKey, fresh_addresses};
+use crate::controllers::ledger::{Ledger, LedgerRef, Loaded};
+use crate::controllers::pool::{AddressKinds, PoolKey, listed_addresses};
+
+/// How many address objects of each kind are read to name the claims of a recorded pool's
+/// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.
+const NAMING_PAGE: u32 = 500;
 
 /// Why a request could not be judged (the API server applies the webhook's failure policy).
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +34,8 @@ pub enum AdmissionError {
     Decode { kind: String, reason: String },
     #[error("cannot read {what}: {source}")]
     Read { what: String, source: kube::Error },
+    #[error("cannot read {ledger}: {reason}")]
+    Ledger { ledger: String, reason: String },
 }
 
 type Verdict = Result<Vec<String>, AdmissionError>;
@@ -69,7 +78,12 @@ impl Webhooks {
             }
             (metal3_ipam::GROUP, "IPPool") => self.metal3_pool(request).await,
             (metal3_ipam::GROUP, "IPClaim") => self.ipclaim(request).await,
-            (metal3_ipam::GROUP, "IPAddress") => metal3_address(request),
+            (metal3_ipam::GROUP, "IPAddress") => {
+                let mut problems = metal3_address(request)?;
+                problems.extend(self.address_writer(request).await?);
+                Ok(problems)
+            }
+            (capi::GROUP, "IPAddress") => self.address_writer(request).await,
             (capi::GROUP, "IPAddressClaim") => self.capi_claim(request).await,
             ("infrastructure.cluster.x-k8s.io", "Metal3DataTemplate") => data_template(request),
             _ => Ok(Vec::new()),
@@ -241,7 +255,7 @@ impl Webhooks {
             && !annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION)
         {
             let old = spec_of(request.old_object.as_ref())?.and_then(|s| rules::capi_pool(&s).ok());
-            let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+            let held = self.held(request, kind, namespace.as_deref()).await?;
             problems.extend(rules::shrink(&held, old.as_ref(), &layout));
         }
         if self.refuse_overlap {
@@ -279,7 +293,7 @@ impl Webhooks {
         };
         let mut problems = Vec::new();
         if let Some(old) = spec_of(request.old_object.as_ref())? {
-            let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+            let held = self.held(request, kind, namespace.as_deref()).await?;
             let allow_shrink =
                 annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION);
             problems.extend(rules::prefix_pool_update(
@@ -321,9 +335,7 @@ impl Webhooks {
             problems.extend(rules::metal3_indexes_in_bounds(&indexes, &layout));
             if !annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION) {
                 let old_layout = rules::metal3_pool(&old.spec).ok();
-                let held = self
-                    .held("IPPool", namespace.as_deref(), &request.name)
-                    .await?;
+                let held = self.held(request, "IPPool", namespace.as_deref()).await?;
                 problems.extend(rules::shrink(&held, old_layout.as_ref(), &layout));
             }
         }
@@ -353,7 +365,7 @@ impl Webhooks {
         {
             return Ok(Vec::new());
         }
-        let held = self.held(kind, namespace.as_deref(), &request.name).await?;
+        let held = self.held(request, kind, namespace.as_deref()).await?;
         Ok(rules::delete(&held))
     }
 
@@ -369,19 +381,95 @@ impl Webhooks {
         Ok(found.is_none_or(|ns| ns.metadata.deletion_timestamp.is_some()))
     }
 
-    /// The addresses allocated from a pool, of both address kinds.
+    /// The addresses allocated from the pool of `request` (an update or delete), with the claims
+    /// that hold them where known. A pool bitpool records is read from its ledger: one read of
+    /// at most 1 MiB, whatever the number of addresses, and the claims named by its
+    /// reservations and by the first [`NAMING_PAGE`] address objects. A pool without a record
+    /// yet (a prefix pool, whose record numbers sub-prefixes; one the provider bitpool replaces
+    /// left and bitpool has not reconciled) is read from a list of its address objects.
     async fn held(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: &str,
+        namespace: Option<&str>,
+    ) -> Result<Vec<Held>, AdmissionError> {
+        let name = request.name.as_str();
+        let uid = request
+            .old_object
+            .as_ref()
+            .and_then(|o| o.metadata.uid.clone());
+        let recorded = match uid {
+            Some(uid) if !kind.ends_with("PrefixPool") => {
+                self.recorded(kind, namespace, name, uid).await?
+            }
+            _ => None,
+        };
+        let Some(ledger) = recorded else {
+            return self
+                .listed(kind, namespace, name, &ListParams::default())
+                .await;
+        };
+        let page = ListParams::default().limit(NAMING_PAGE);
+        let mut claims: HashMap<String, String> = self
+            .listed(kind, namespace, name, &page)
+            .await?
+            .into_iter()
+            .map(|h| (h.address, h.claim))
+            .collect();
+        for (address, reservation) in &ledger.pending {
+            claims.insert(address.clone(), reservation.claim_name.clone());
+        }
+        Ok(ledger
+            .addresses()
+            .map(|ip| {
+                let address = ip.to_string();
+                let claim = claims.get(&address).cloned().unwrap_or_default();
+                Held { address, claim }
+            })
+            .collect())
+    }
+
+    /// The pool's ledger, if there is one this pool wrote.
+    async fn recorded(
         &self,
         kind: &str,
         namespace: Option<&str>,
         name: &str,
+        uid: String,
+    ) -> Result<Option<Ledger>, AdmissionError> {
+        let ledger = LedgerRef::new(
+            self.client.clone(),
+            &self.ledger_namespace,
+            kind,
+            namespace,
+            name,
+            uid,
+            None,
+        );
+        match ledger.load().await {
+            Ok(Loaded::Found(stored)) => Ok(Some(stored.ledger)),
+            Ok(Loaded::Missing | Loaded::Untrusted { .. }) => Ok(None),
+            Err(e) => Err(AdmissionError::Ledger {
+                ledger: ledger.describe(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// The address objects of a pool, of both address kinds, as `params` list them.
+    async fn listed(
+        &self,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        params: &ListParams,
     ) -> Result<Vec<Held>, AdmissionError> {
         let (group, kinds) = if kind == "IPPool" {
             (metal3_ipam::GROUP, AddressKinds::CapiAndMetal3)
         } else {
             (capi::GROUP, AddressKinds::Capi)
         };
-        let fresh = fresh_addresses(&self.client, namespace, kinds)
+        let fresh = listed_addresses(&self.client, namespace, kinds, params)
             .await
             .map_err(|source| AdmissionError::Read {
                 what: "address objects".into(),
@@ -471,6 +559,37 @@ impl Webhooks {
                 Some((named, layout.ok()?))
             })
             .collect())
+    }
+
+    /// A new address object of a pool bitpool serves comes from bitpool, or from someone who
+    /// may change the pool ([`super::writers`]).
+    async fn address_writer(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        if request.operation != Operation::Create {
+            return Ok(Vec::new());
+        }
+        let kind = request.kind.kind.as_str();
+        let pool = if request.kind.group == metal3_ipam::GROUP {
+            decode::<Metal3IPAddress>(kind, request.object.as_ref())?
+                .and_then(|a| PoolKey::of_metal3_address(&a))
+        } else {
+            decode::<capi::IPAddress>(kind, request.object.as_ref())?
+                .and_then(|a| PoolKey::of_address(&a))
+        };
+        let Some(pool) = pool else {
+            return Ok(Vec::new());
+        };
+        let allowed = self
+            .writers
+            .may_write(&self.client, &request.user_info, &pool)
+            .await
+            .map_err(|source| AdmissionError::Read {
+                what: format!("whether the writer may patch {}", pool.describe()),
+                source,
+            })?;
+        Ok(match allowed {
+            true => Vec::new(),
+            false => vec![writers::refusal(kind, &describe(request), &pool)],
+        })
     }
 
     async fn ipclaim(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {

@@ -6,13 +6,15 @@
 //!   (allocated addresses, the pool a claim names) they need;
 //! - [`conversion`]: the v1alpha1 ↔ v1alpha2 pool conversion, and the routing of every
 //!   ConversionReview;
-//! - [`metal3data_conversion`]: the v1beta1 ↔ v1beta2 conversion of the Metal3Data kinds.
+//! - [`metal3data_conversion`]: the v1beta1 ↔ v1beta2 conversion of the Metal3Data kinds;
+//! - [`writers`]: who may create the address objects of a pool bitpool allocates from.
 
 pub mod admission;
 pub mod conversion;
 pub mod metal3data_conversion;
 pub mod rules;
 pub mod server;
+pub mod writers;
 
 pub use server::{CONVERT_PATH, MUTATE_PATH, ServeError, VALIDATE_PATH, serve};
 
@@ -30,6 +32,11 @@ pub struct Webhooks {
     /// Refuse a pool whose addresses overlap another pool's (upstream allows it: NAT and
     /// separate sites can reuse ranges).
     pub refuse_overlap: bool,
+    /// Where the pools' ledgers are (`--ledger-namespace`): a pool's allocated addresses are
+    /// read from its ledger.
+    pub ledger_namespace: String,
+    /// Who may write address objects, as the API server last said.
+    pub writers: std::sync::Arc<writers::Writers>,
 }
 
 impl Webhooks {

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 /// allocated and are counted as out of range).
 pub const ALLOW_SHRINK_ANNOTATION: &str = "ipam.bitpool.dev/allow-shrink";
 
-/// One allocated address of a pool and the claim that holds it.
+/// One allocated address of a pool and the claim that holds it (empty where not known).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
     pub address: String,
@@ -255,7 +255,10 @@ fn shrink_of(
         .iter()
         .filter_map(|h| Some((held_as(h)?, h)))
         .filter(|(a, _)| old.is_none_or(|old| old.contains(*a)) && !new.contains(*a))
-        .map(|(a, h)| format!("{} (claim {})", show(a), h.claim))
+        .map(|(a, h)| match h.claim.as_str() {
+            "" => show(a),
+            claim => format!("{} (claim {claim})", show(a)),
+        })
         .collect();
     if dropped.is_empty() {
         return Vec::new();
@@ -271,11 +274,23 @@ pub fn delete(held: &[Held]) -> Vec<String> {
     if held.is_empty() {
         return Vec::new();
     }
-    let claims: Vec<String> = held.iter().map(|h| h.claim.clone()).collect();
+    let claims: Vec<String> = held
+        .iter()
+        .filter(|h| !h.claim.is_empty())
+        .map(|h| h.claim.clone())
+        .collect();
+    let held_by = match claims.len() {
+        0 => String::new(),
+        known if known < held.len() => format!(
+            " held by claim(s): {}, and {} more",
+            list(&claims),
+            held.len() - known
+        ),
+        _ => format!(" held by claim(s): {}", list(&claims)),
+    };
     vec![format!(
-        "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed. {} address(es) held by claim(s): {}",
-        held.len(),
-        list(&claims)
+        "Pool has IPAddresses allocated. Cannot delete Pool until all IPAddresses have been removed. {} address(es){held_by}",
+        held.len()
     )]
 }
 

@@ -5,6 +5,7 @@
 //! deletion, the provider's CPU seconds and peak memory, its start-up time, and checks that no
 //! address was handed out twice and no claim missed one. `hack/load.sh` builds and runs it.
 
+mod admission;
 mod provider;
 mod scenario;
 mod workload;
@@ -41,6 +42,10 @@ struct Args {
     /// from process start to a new claim served (bitpool only).
     #[arg(long)]
     hold: Option<usize>,
+    /// Addresses allocated from one pool while the admission webhook's check of a delete and of
+    /// an update of that pool is timed, reading the pool's ledger and reading a list.
+    #[arg(long)]
+    admission: Option<usize>,
     /// Requests the load command keeps in flight.
     #[arg(long, default_value_t = 8)]
     connections: usize,
@@ -97,6 +102,21 @@ async fn run(args: Args) -> Result<(), String> {
         logs: args.logs.clone(),
         limit: Duration::from_secs(args.timeout),
     };
+    if let Some(count) = args.admission {
+        let rows = admission::measure(&runner.load, count, runner.limit).await?;
+        println!(
+            "| admission of a pool | addresses allocated | from its ledger (ms) | from a list (ms) | list ÷ ledger |"
+        );
+        println!("|---|---|---|---|---|");
+        print!("{rows}");
+        if args.claims.is_empty()
+            && args.pools.is_empty()
+            && args.backlog.is_empty()
+            && args.hold.is_none()
+        {
+            return Ok(());
+        }
+    }
     let mut rows = Vec::new();
     for scenario in scenarios(&args)? {
         for provider in &providers {

@@ -205,7 +205,7 @@ impl Load {
     }
 
     /// Runs `call` for every item, `connections` at a time, each retried a few times.
-    async fn each<T, F, Fut>(&self, items: Vec<T>, call: F) -> Result<(), String>
+    pub async fn each<T, F, Fut>(&self, items: Vec<T>, call: F) -> Result<(), String>
     where
         T: Clone,
         F: Fn(T) -> Fut,
