@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use bitpool::api::capi::{IPAddress, IPAddressClaim};
+use bitpool::api::capi::IPAddressClaim;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -248,17 +248,7 @@ async fn a_killed_leader_hands_over_mid_burst_without_duplicates() {
     let claims = 600;
     let creating = burst(&env, "burst", "InClusterIPPool", "pool", claims);
     let kill_mid_burst = async {
-        let addresses: Api<IPAddress> = env.api();
-        eventually("the leader to serve part of the burst", WAIT, || async {
-            let served = addresses
-                .list(&ListParams::default())
-                .await
-                .ok()?
-                .items
-                .len();
-            (served >= 50).then_some(())
-        })
-        .await;
+        wait_addresses(&env, 50, "the leader to serve part of the burst").await;
         let standby = second_endpoints.metrics().await;
         assert_eq!(sample(&standby, "bitpool_leader"), Some(0.0), "{standby}");
         assert!(

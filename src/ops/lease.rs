@@ -101,6 +101,8 @@ impl Leadership {
 
 /// A running election; [`Election::resign`] gives the lease up for the next leader.
 pub struct Election {
+    /// `Lease <namespace>/<name>`, for the log.
+    lease: String,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -115,7 +117,7 @@ impl Election {
             .await
             .is_err()
         {
-            tracing::warn!("the lease was not released within 5 s; it expires by itself");
+            tracing::warn!(object = %self.lease, "the lease was not released within 5 s; it expires by itself");
             self.task.abort();
         }
     }
@@ -161,11 +163,14 @@ pub async fn elect(
     let (manager_says, manager_task) = manager.watch().await;
     let (sender, leading) = watch::channel(false);
     let (stop, stopped) = oneshot::channel();
+    let lease = format!("Lease {}/{}", settings.namespace, settings.lease_name);
     let fence = Fence {
+        lease: lease.clone(),
         identity: settings.identity.clone(),
         trusted_for: renew_deadline + (lease_duration - renew_deadline) / 2,
     };
     let leases: Api<Lease> = Api::namespaced(client, &settings.namespace);
+    let lease_for_election = lease.clone();
     let task = tokio::spawn(async move {
         follow(
             fence,
@@ -180,8 +185,10 @@ pub async fn elect(
         // The manager releases the lease when its channel closes (dropped in `follow`).
         match manager_task.await {
             Ok(Ok(_)) => tracing::info!("leader lease released"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "the leader lease was not released"),
-            Err(e) => tracing::warn!(error = %e, "leader election task failed"),
+            Ok(Err(e)) => {
+                tracing::warn!(object = %lease, error = %e, "the leader lease was not released")
+            }
+            Err(e) => tracing::warn!(object = %lease, error = %e, "leader election task failed"),
         }
     });
     Ok((
@@ -190,6 +197,7 @@ pub async fn elect(
             elected: true,
         },
         Election {
+            lease: lease_for_election,
             stop: Some(stop),
             task,
         },
@@ -201,6 +209,8 @@ const CLOCK_CHECK: Duration = Duration::from_secs(5);
 
 /// How long this process trusts the lease after its last renewal.
 struct Fence {
+    /// `Lease <namespace>/<name>`, for the log.
+    lease: String,
     identity: String,
     trusted_for: Duration,
 }
@@ -255,11 +265,11 @@ async fn follow(
             && skewed.is_none();
         if leading != *sender.borrow() {
             if leading {
-                tracing::info!(identity = %fence.identity, "became the leader");
+                tracing::info!(object = %fence.lease, identity = %fence.identity, "became the leader");
             } else if let Some(skew) = &skewed {
-                tracing::error!(identity = %fence.identity, "stopped leading: {skew}");
+                tracing::error!(object = %fence.lease, identity = %fence.identity, "stopped leading: {skew}");
             } else {
-                tracing::warn!(identity = %fence.identity, "stopped leading: no more writes until the lease is held again");
+                tracing::warn!(object = %fence.lease, identity = %fence.identity, "stopped leading: no more writes until the lease is held again");
             }
             sender.send_replace(leading);
             on_change(leading);
@@ -309,6 +319,7 @@ mod tests {
 
     fn fence() -> Fence {
         Fence {
+            lease: "Lease ns/l".into(),
             identity: "me".into(),
             trusted_for: Duration::from_millis(12_500),
         }

@@ -145,8 +145,8 @@ pub async fn claim(env: &Env, name: &str, kind: &str, pool: &str) {
     create(&env.api(), &claim_object(env, name, group, kind, pool)).await;
 }
 
-pub async fn ipclaim(env: &Env, name: &str, pool: &str) {
-    let claim = IPClaim {
+pub fn ipclaim_object(env: &Env, name: &str, pool: &str) -> IPClaim {
+    IPClaim {
         metadata: env.meta(name),
         spec: IPClaimSpec {
             pool: k8s_openapi::api::core::v1::ObjectReference {
@@ -156,8 +156,11 @@ pub async fn ipclaim(env: &Env, name: &str, pool: &str) {
             },
         },
         status: None,
-    };
-    create(&env.api(), &claim).await;
+    }
+}
+
+pub async fn ipclaim(env: &Env, name: &str, pool: &str) {
+    create(&env.api(), &ipclaim_object(env, name, pool)).await;
 }
 
 /// `count` claims named `<prefix>-NNNN` on one pool, created 32 at a time.
@@ -170,6 +173,40 @@ pub async fn burst(env: &Env, prefix: &str, kind: &str, pool: &str, count: usize
     let claims =
         (0..count).map(|i| claim_object(env, &format!("{prefix}-{i:04}"), group, kind, pool));
     create_claims(env, claims).await;
+}
+
+/// `count` IPClaims named `<prefix>-NNNN` on the Metal3 pool `pool`, created 32 at a time.
+pub async fn ipclaim_burst(env: &Env, prefix: &str, pool: &str, count: usize) {
+    let api: Api<IPClaim> = env.api();
+    let creations = (0..count).map(|i| {
+        let (api, claim) = (
+            api.clone(),
+            ipclaim_object(env, &format!("{prefix}-{i:04}"), pool),
+        );
+        async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
+    });
+    for result in stream::iter(creations)
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+    {
+        result.expect("create IPClaim");
+    }
+}
+
+/// Waits until at least `count` IPAddresses exist in the test namespace.
+pub async fn wait_addresses(env: &Env, count: usize, what: &str) {
+    let addresses: Api<IPAddress> = env.api();
+    eventually(what, WAIT, || async {
+        let served = addresses
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        (served >= count).then_some(())
+    })
+    .await;
 }
 
 /// Creates `claims` in the test namespace, 32 at a time.

@@ -2,6 +2,7 @@
 //! control plane started by `hack/control-plane.sh up`), CRDs, and one namespace per test.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod cut;
 pub mod ipam;
 pub mod ops;
 pub mod plane;
@@ -283,6 +284,14 @@ impl Bitpool {
             ("DONT_FAKE_MONOTONIC", "1"),
         ];
         Self::spawn_in(kubeconfig_path(), namespace, namespace, &args, &env)
+    }
+
+    /// Like [`Bitpool::start`], against the cluster of `kubeconfig` (a relay to the same API
+    /// server, say).
+    pub fn start_via(kubeconfig: &Path, namespace: &str, extra_args: &[&str]) -> Self {
+        let mut args = vec!["--watch-filter", namespace, "--namespace", namespace];
+        args.extend_from_slice(extra_args);
+        Self::spawn_in(kubeconfig, namespace, namespace, &args, &[])
     }
 
     /// Starts `bitpool run` with `args` alone (no namespace or watch filter) against the
