@@ -384,9 +384,9 @@ impl Webhooks {
     /// The addresses allocated from the pool of `request` (an update or delete), with the claims
     /// that hold them where known. A pool bitpool records is read from its ledger: one read of
     /// at most 1 MiB, whatever the number of addresses, and the claims named by its
-    /// reservations and by the first [`NAMING_PAGE`] address objects. A pool without a record
-    /// yet (a prefix pool, whose record numbers sub-prefixes; one the provider bitpool replaces
-    /// left and bitpool has not reconciled) is read from a list of its address objects.
+    /// reservations and by the first [`NAMING_PAGE`] address objects. A prefix pool (whose
+    /// record numbers sub-prefixes, not addresses) and a pool without a record yet (one the
+    /// provider bitpool replaces left, not reconciled yet) are read from a list of their objects.
     async fn held(
         &self,
         request: &AdmissionRequest<DynamicObject>,
