@@ -801,7 +801,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
                 .publish(pool.object_ref(&()), Reason::InvalidSpec, note);
         }
     }
-    let next = next_check(&batch, &done.outcomes, &claims, &ctx, &key);
+    let next = next_check(&batch, &done, &claims, &ctx, &key);
     tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
     Ok(Action::requeue(next))
 }
@@ -1568,11 +1568,12 @@ fn claim_event(
 /// When to look at the pool again.
 fn next_check(
     batch: &Batch,
-    outcomes: &Outcomes,
+    done: &Transacted,
     claims: &Selected,
     ctx: &Context,
     key: &PoolKey,
 ) -> Duration {
+    let outcomes = &done.outcomes;
     let mut next = batch.next.unwrap_or(ctx.settings.sync_period);
     let waiting = |refusal: fn(&Refusal) -> bool| {
         outcomes
@@ -1599,8 +1600,9 @@ fn next_check(
     if ctx.orphan_watch(key).is_some() {
         next = next.min(ORPHAN_GRACE);
     }
-    if !batch.first.release_unlanded.is_empty() {
-        // Their reservations are freed once no create of theirs can land.
+    if !batch.first.release_unlanded.is_empty() || !done.ledger.pending.is_empty() {
+        // A reservation left is completed by its claim's next reconcile, or, its claim gone,
+        // freed once no create of it can land: whichever event comes, this one does.
         next = next.min(ledger::IN_FLIGHT_BOUND);
     }
     next
