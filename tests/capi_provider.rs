@@ -192,9 +192,7 @@ fn spec(addresses: &[&str], prefix: i32, gateway: Option<&str>) -> InClusterIPPo
 
 #[tokio::test]
 async fn a_claim_gets_an_address_per_the_contract() {
-    let Some(env) = Env::new("capi-contract").await else {
-        return;
-    };
+    let env = Env::new("capi-contract").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.cluster("edge-1", false).await;
     env.cluster("edge-2", false).await;
@@ -299,9 +297,7 @@ async fn a_claim_gets_an_address_per_the_contract() {
 
 #[tokio::test]
 async fn claims_of_other_kinds_are_ignored_and_missing_pools_wait() {
-    let Some(env) = Env::new("capi-ignore").await else {
-        return;
-    };
+    let env = Env::new("capi-ignore").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut foreign = env.claim_object("foreign", "InClusterIPPool", "pool");
     foreign.spec.pool_ref.api_group = "ipam.example.com".into();
@@ -333,9 +329,7 @@ async fn claims_of_other_kinds_are_ignored_and_missing_pools_wait() {
 
 #[tokio::test]
 async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
-    let Some(env) = Env::new("capi-invalid").await else {
-        return;
-    };
+    let env = Env::new("capi-invalid").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool("pool", spec(&["10.3.0.0/29"], 24, None)).await;
     env.claim("first", "pool").await;
@@ -393,9 +387,7 @@ async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
 
 #[tokio::test]
 async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
-    let Some(env) = Env::new("capi-scope").await else {
-        return;
-    };
+    let env = Env::new("capi-scope").await;
     let client = env.client.clone();
     let other = TestNamespace::new(&client, "capi-scope-other").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
@@ -501,9 +493,7 @@ impl Drop for GlobalCleanup {
 
 #[tokio::test]
 async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
-    let Some(env) = Env::new("capi-pause").await else {
-        return;
-    };
+    let env = Env::new("capi-pause").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool("pool", spec(&["10.5.0.1-10.5.0.50"], 24, None))
         .await;
@@ -589,9 +579,7 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
 
 #[tokio::test]
 async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
-    let Some(env) = Env::new("capi-lifecycle").await else {
-        return;
-    };
+    let env = Env::new("capi-lifecycle").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool("pool", spec(&["10.6.0.1-10.6.0.2"], 24, None))
         .await;
@@ -648,9 +636,7 @@ async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
 
 #[tokio::test]
 async fn the_reuse_grace_period_holds_a_released_address() {
-    let Some(env) = Env::new("capi-grace").await else {
-        return;
-    };
+    let env = Env::new("capi-grace").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut pool_spec = spec(&["10.7.0.1-10.7.0.2"], 24, None);
     pool_spec.address_reuse_grace_period_seconds = Some(4);
@@ -683,9 +669,7 @@ async fn the_reuse_grace_period_holds_a_released_address() {
 
 #[tokio::test]
 async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_orphans() {
-    let Some(env) = Env::new("capi-protect").await else {
-        return;
-    };
+    let env = Env::new("capi-protect").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool("pool", spec(&["10.8.0.1-10.8.0.5"], 24, None))
         .await;
@@ -743,9 +727,7 @@ async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_o
 
 #[tokio::test]
 async fn preallocations_requested_addresses_and_random_allocation() {
-    let Some(env) = Env::new("capi-extensions").await else {
-        return;
-    };
+    let env = Env::new("capi-extensions").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut pinned = spec(&["fd00:9::/120"], 64, Some("fd00:9::1"));
     pinned.pre_allocations = BTreeMap::from([("host-a".into(), "fd00:9::0050".into())]);
@@ -844,9 +826,7 @@ async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
 
 #[tokio::test]
 async fn two_processes_racing_never_hand_out_an_address_twice() {
-    let Some(env) = Env::new("capi-race").await else {
-        return;
-    };
+    let env = Env::new("capi-race").await;
     env.pool("left", spec(&["10.10.0.0/24"], 24, None)).await;
     env.pool("right", spec(&["10.10.1.0/24"], 24, None)).await;
     let mut first = Bitpool::start(env.name(), &[]);
@@ -872,9 +852,7 @@ async fn two_processes_racing_never_hand_out_an_address_twice() {
 
 #[tokio::test]
 async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
-    let Some(env) = Env::new("capi-sigkill").await else {
-        return;
-    };
+    let env = Env::new("capi-sigkill").await;
     env.pool("left", spec(&["10.11.0.0/24"], 24, None)).await;
     env.pool("right", spec(&["10.11.1.0/24"], 24, None)).await;
     let mut victim = Bitpool::start(env.name(), &[]);
@@ -940,9 +918,7 @@ async fn replaced_provider_claim(
 /// ledger. bitpool keeps every one of them and hands the new claims only the other addresses.
 #[tokio::test]
 async fn addresses_written_by_the_replaced_provider_are_kept() {
-    let Some(env) = Env::new("capi-switch").await else {
-        return;
-    };
+    let env = Env::new("capi-switch").await;
     env.pool("pool", spec(&["10.9.0.1-10.9.0.6"], 24, None))
         .await;
     let mut before = BTreeMap::new();
@@ -1000,9 +976,7 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
 /// pool, written on every address as it is, and the pool serves.
 #[tokio::test]
 async fn a_gateway_outside_the_subnet_leaves_the_pool_serving() {
-    let Some(env) = Env::new("capi-gateway").await else {
-        return;
-    };
+    let env = Env::new("capi-gateway").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool("v4", spec(&["10.0.0.50-10.0.0.52"], 24, Some("10.0.1.1")))
         .await;
@@ -1032,9 +1006,7 @@ async fn a_gateway_outside_the_subnet_leaves_the_pool_serving() {
 /// (upstream #87). Nothing else is handed that address.
 #[tokio::test]
 async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
-    let Some(env) = Env::new("capi-adopt").await else {
-        return;
-    };
+    let env = Env::new("capi-adopt").await;
     let pool = env
         .pool("pool", spec(&["10.0.0.1-10.0.0.254"], 24, Some("10.0.0.2")))
         .await;
@@ -1112,9 +1084,7 @@ async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
 /// claim waits for the pool to resume, and is released then.
 #[tokio::test]
 async fn a_paused_pool_protects_its_claims_until_it_resumes() {
-    let Some(env) = Env::new("capi-paused-protect").await else {
-        return;
-    };
+    let env = Env::new("capi-paused-protect").await;
     env.pool("pool", spec(&["10.0.20.51"], 24, None)).await;
     env.pause_pool("pool", true).await;
     let _bitpool = Bitpool::start(env.name(), &[]);
@@ -1158,9 +1128,7 @@ async fn a_paused_pool_protects_its_claims_until_it_resumes() {
 /// schema): at most 4096 preAllocations, each an address or sub-prefix, and 16 DNS servers.
 #[tokio::test]
 async fn the_api_server_bounds_bitpools_extensions() {
-    let env = Env::new("capi-bounds")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("capi-bounds").await;
     let pools: Api<InClusterIPPool> = env.api();
     let pool = |name: &str, edit: &dyn Fn(&mut InClusterIPPoolSpec)| {
         let mut spec = support::ipam::capi_spec(&["10.80.0.0/16"], 16);

@@ -197,7 +197,7 @@ async fn wait_listening(port: u16) {
 /// them here: every client speaks their storage version), CAPM3's with their conversion webhook
 /// pointed at the CAPM3 process, and bitpool's CAPI pool and Metal3 IPAM CRDs.
 async fn install_crds(client: &Client, certs: &Certs, port: u16) {
-    let upstream = support::upstream_crds_dir().expect("the upstream CRDs");
+    let upstream = support::upstream_crds_dir();
     let mut crds: Vec<CustomResourceDefinition> = Vec::new();
     for folder in [
         "cluster-api",

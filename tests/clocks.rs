@@ -15,10 +15,6 @@ use kube::api::{Api, DeleteParams, ListParams};
 use support::ipam::*;
 use support::{Bitpool, Env, eventually};
 
-fn env_needed(env: Option<Env>) -> Env {
-    env.expect("the upstream CRDs are available (hack/upstream-crds.sh)")
-}
-
 /// The API server's time now: the creation time of an object written for the purpose.
 async fn server_now(env: &Env) -> Timestamp {
     let api: Api<ConfigMap> = env.api();
@@ -71,7 +67,7 @@ async fn served(env: &Env, prefix: &str) -> Vec<String> {
 /// for both (before, the fast one ended it at once for everybody), and then all is served once.
 #[tokio::test]
 async fn a_clock_ahead_neither_shortens_nor_stretches_the_rebuild_fence() {
-    let env = env_needed(Env::new("clockfence").await);
+    let env = Env::new("clockfence").await;
     let correct = Bitpool::start(env.name(), &[]);
     let ahead = Bitpool::start_with_clock(env.name(), "+120s", &[]);
     capi_pool(&env, "fenced", capi_spec(&["10.64.0.0/24"], 24)).await;
@@ -126,7 +122,7 @@ async fn a_clock_ahead_neither_shortens_nor_stretches_the_rebuild_fence() {
 /// election, in one line that says by how much and what to do, and writes nothing.
 #[tokio::test]
 async fn a_clock_far_off_refuses_to_lead() {
-    let env = env_needed(Env::new("clocklead").await);
+    let env = Env::new("clocklead").await;
     let lease = format!("--leader-election-id={}-leader", env.name());
     let mut ahead = Bitpool::start_with_clock(env.name(), "+120s", &["--leader-elect", &lease]);
     assert!(
@@ -155,7 +151,7 @@ async fn a_clock_far_off_refuses_to_lead() {
 /// one-line error says that the clock is the likely cause.
 #[tokio::test]
 async fn a_clock_behind_the_servers_certificate_is_named() {
-    let env = env_needed(Env::new("clockcert").await);
+    let env = Env::new("clockcert").await;
     let mut behind = Bitpool::start_with_clock(env.name(), "-400d", &[]);
     assert!(
         behind.wait_exit(Duration::from_secs(60)),

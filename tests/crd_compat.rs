@@ -346,9 +346,7 @@ fn cel_rules_are_found_wherever_they_are() {
 
 #[test]
 fn generated_crds_accept_everything_upstream_accepts() {
-    let Some(dir) = support::upstream_crds_dir() else {
-        return;
-    };
+    let dir = support::upstream_crds_dir();
     let mut problems = Vec::new();
     let ours: Vec<_> = bitpool::crds::served()
         .into_iter()

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bitpool::api::capi::{IPAddress, IPAddressClaim};
-use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
+use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool, InClusterPrefixPool};
 use bitpool::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -22,9 +22,7 @@ use support::{Bitpool, Env, eventually};
 /// pool and one on an exhausted pool: once settled, nothing bitpool writes changes.
 #[tokio::test]
 async fn nothing_is_written_at_rest() {
-    let Some(env) = Env::new("rest").await else {
-        return;
-    };
+    let env = Env::new("rest").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     capi_pool(&env, "capi", capi_spec(&["10.30.0.0/24"], 24)).await;
     let global = global_pool(&env, "global", capi_spec(&["10.31.0.0/24"], 24)).await;
@@ -76,9 +74,7 @@ async fn nothing_is_written_at_rest() {
 /// namespace, with a global pool's ledger in it.
 #[tokio::test]
 async fn deleting_a_namespace_completes() {
-    let Some(env) = Env::new("nsdelete").await else {
-        return;
-    };
+    let env = Env::new("nsdelete").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     capi_pool(&env, "capi", capi_spec(&["10.40.0.0/24"], 24)).await;
     metal3_pool(&env, "m3", metal3_spec("10.41.0.10", "10.41.0.50", 24)).await;
@@ -191,9 +187,7 @@ async fn missing_crds_are_named_alone() {
 /// server forbids the ledger) is retried with a growing delay, and the log names the pool.
 #[tokio::test]
 async fn errors_that_wait_for_a_person_back_off() {
-    let Some(env) = Env::new("backoff").await else {
-        return;
-    };
+    let env = Env::new("backoff").await;
     let namespaces: Api<Namespace> = Api::all(env.client.clone());
     let held = format!("{}-ledgers", env.name());
     create(
@@ -271,9 +265,7 @@ async fn errors_that_wait_for_a_person_back_off() {
 /// pool (a reservation per pending claim once outgrew the API server's object size limit).
 #[tokio::test]
 async fn a_backlog_and_a_mass_deletion_are_served() {
-    let Some(env) = Env::new("backlog").await else {
-        return;
-    };
+    let env = Env::new("backlog").await;
     const COUNT: usize = 7000;
     capi_pool(&env, "big", capi_spec(&["10.50.0.0/16"], 16)).await;
     burst(&env, "c", "InClusterIPPool", "big", COUNT).await;
@@ -315,9 +307,7 @@ async fn a_backlog_and_a_mass_deletion_are_served() {
 /// others), with two processes racing.
 #[tokio::test]
 async fn a_pool_that_changes_family_never_duplicates() {
-    let Some(env) = Env::new("family").await else {
-        return;
-    };
+    let env = Env::new("family").await;
     let first = Bitpool::start(env.name(), &[]);
     let second = Bitpool::start(env.name(), &[]);
     capi_pool(&env, "fam", capi_spec(&["10.60.0.0/24"], 24)).await;
@@ -358,9 +348,7 @@ async fn a_pool_that_changes_family_never_duplicates() {
 /// failed or exhausted, nothing is reserved again, no object is written.
 #[tokio::test]
 async fn restarts_change_nothing_that_was_right() {
-    let Some(env) = Env::new("restart").await else {
-        return;
-    };
+    let env = Env::new("restart").await;
     capi_pool(&env, "pool", capi_spec(&["10.61.0.0/24"], 24)).await;
     let mut bitpool = Bitpool::start(env.name(), &[]);
     burst(&env, "c", "InClusterIPPool", "pool", 200).await;
@@ -422,9 +410,7 @@ async fn wait_rebuilt(env: &Env, pool: &str, reason: &str) {
 /// copy. Each pool says what happened and recovers on its own from the live address objects.
 #[tokio::test]
 async fn a_lost_or_damaged_ledger_never_yields_a_duplicate() {
-    let Some(env) = Env::new("ledgerfaults").await else {
-        return;
-    };
+    let env = Env::new("ledgerfaults").await;
     let first = Bitpool::start(env.name(), &[]);
     let second = Bitpool::start(env.name(), &[]);
     for (i, pool) in ["deleted", "garbage", "emptied", "stale"]
@@ -507,42 +493,56 @@ async fn sigkill_loop(env: &Env, rounds: usize) {
     }
 }
 
-/// Two processes serve a pool while a third is SIGKILLed every 2 s and claims are created and
-/// deleted at random: in the end every remaining claim holds one address of its own, and no
-/// address object outlives its claim.
+/// `count` claims named `<prefix>-NNNN` on one pool, then `deletions` of them deleted at random,
+/// one every 0.1 s.
+async fn churn(env: &Env, prefix: &str, kind: &str, pool: &str, count: usize, deletions: usize) {
+    burst(env, prefix, kind, pool, count).await;
+    let claims: Api<IPAddressClaim> = env.api();
+    let mut deleted = BTreeSet::new();
+    while deleted.len() < deletions {
+        let i = rand::random_range(0..count);
+        if deleted.insert(i) {
+            let name = format!("{prefix}-{i:04}");
+            claims
+                .delete(&name, &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete claim {name}: {e}"));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Two processes serve an address pool and a prefix pool while a third is SIGKILLed every 2 s
+/// and claims are created and deleted at random: in the end every remaining claim holds one
+/// address of its own, and no address object outlives its claim.
 #[tokio::test]
 async fn a_sigkill_loop_with_deletions_leaves_no_orphan() {
-    let Some(env) = Env::new("killloop").await else {
-        return;
-    };
+    let env = Env::new("killloop").await;
     capi_pool(&env, "pool", capi_spec(&["10.63.0.0/24"], 24)).await;
+    prefix_pool(&env, "pp", prefix_spec(&["fd00:63::/56"], 64)).await;
     // A killed process loses no record (each ledger write is whole or not at all, and what it
-    // reserved the others complete): nothing here may fence the pool.
-    let fenced = watch_for_fence(env.api(), "pool", reasons);
+    // reserved the others complete): nothing here may fence either pool.
+    let fenced = watch_for_fence::<InClusterIPPool>(env.api(), "pool");
+    let prefix_fenced = watch_for_fence::<InClusterPrefixPool>(env.api(), "pp");
     let first = Bitpool::start(env.name(), &[]);
     let second = Bitpool::start(env.name(), &[]);
-    let killing = sigkill_loop(&env, 10);
-    let claims: Api<IPAddressClaim> = env.api();
-    let churn = async {
-        burst(&env, "c", "InClusterIPPool", "pool", 200).await;
-        let mut deleted = BTreeSet::new();
-        while deleted.len() < 80 {
-            let i = rand::random_range(0..200);
-            if deleted.insert(i) {
-                let _ = claims
-                    .delete(&format!("c-{i:04}"), &DeleteParams::default())
-                    .await;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    futures::join!(killing, churn);
-    assert_consistent(&env, "InClusterIPPool", "pool", 120, WAIT).await;
-    fenced.abort();
-    assert!(
-        !matches!(fenced.await, Ok(true)),
-        "a SIGKILL loop fenced the pool"
+    futures::join!(
+        sigkill_loop(&env, 10),
+        churn(&env, "c", "InClusterIPPool", "pool", 200, 80),
+        churn(&env, "p", "InClusterPrefixPool", "pp", 100, 40),
     );
+    assert_consistent(&env, "InClusterIPPool", "pool", 120, WAIT).await;
+    assert_prefixes_consistent(&env, "pp", 60, WAIT).await;
+    for (pool, fence) in [
+        ("InClusterIPPool", fenced),
+        ("InClusterPrefixPool", prefix_fenced),
+    ] {
+        fence.abort();
+        assert!(
+            !matches!(fence.await, Ok(true)),
+            "a SIGKILL loop fenced the {pool}"
+        );
+    }
     assert_warnings_name_objects(&first);
     assert_warnings_name_objects(&second);
 }
@@ -550,9 +550,7 @@ async fn a_sigkill_loop_with_deletions_leaves_no_orphan() {
 /// Pools whose names are as long as Kubernetes allows are served and can be deleted.
 #[tokio::test]
 async fn pools_with_long_names_are_served_and_deleted() {
-    let Some(env) = Env::new("longnames").await else {
-        return;
-    };
+    let env = Env::new("longnames").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     let capi48 = "p".repeat(48);
     let capi253 = format!("{}.{}", "a".repeat(63), "b".repeat(189));
@@ -608,9 +606,7 @@ async fn pools_with_long_names_are_served_and_deleted() {
 /// reported invalid and allocates nothing (a gateway outside it is valid, as upstream has it).
 #[tokio::test]
 async fn malformed_pools_are_reported_and_serve_nothing() {
-    let Some(env) = Env::new("malformed").await else {
-        return;
-    };
+    let env = Env::new("malformed").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     capi_pool(
         &env,
@@ -658,9 +654,7 @@ async fn malformed_pools_are_reported_and_serve_nothing() {
 /// one (which serves only the namespace the pool's annotation names).
 #[tokio::test]
 async fn global_preallocations_name_the_namespace() {
-    let env = Env::new("prealloc")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("prealloc").await;
     let other = support::TestNamespace::new(&env.client, "prealloc-other").await;
     let bitpool = Bitpool::start_all_namespaces(env.name());
     let mut spec = capi_spec(&["10.70.0.0/24"], 24);
@@ -723,9 +717,7 @@ async fn global_preallocations_name_the_namespace() {
 /// claim goes, a third claim does not get it.
 #[tokio::test]
 async fn a_duplicate_is_reported_and_never_handed_to_a_third_claim() {
-    let env = Env::new("duplicate")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("duplicate").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     capi_pool(&env, "dup", capi_spec(&["10.66.0.1-10.66.0.2"], 24)).await;
     claim(&env, "a", "InClusterIPPool", "dup").await;
@@ -802,9 +794,7 @@ async fn a_duplicate_is_reported_and_never_handed_to_a_third_claim() {
 /// again.
 #[tokio::test]
 async fn a_full_allocation_record_is_explained_and_recovers() {
-    let env = Env::new("ledgerfull")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("ledgerfull").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     capi_pool(&env, "wide", capi_spec(&["fd00:77::/48"], 48)).await;
     claim(&env, "first", "InClusterIPPool", "wide").await;
@@ -846,9 +836,7 @@ async fn a_full_allocation_record_is_explained_and_recovers() {
 /// and where, on its status, in an Event and a metric; when one goes, the others stop naming it.
 #[tokio::test]
 async fn overlapping_pools_say_so() {
-    let env = Env::new("overlap")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("overlap").await;
     let bitpool = Bitpool::start_all_namespaces(env.name());
     let spec = || capi_spec(&["10.77.0.0/24"], 24);
     capi_pool(&env, "one", spec()).await;
@@ -943,9 +931,7 @@ async fn delete_claim(env: &Env, name: &str) {
 /// and why, and nothing is allocated.
 #[tokio::test]
 async fn an_invalid_name_prefix_is_explained_on_the_ipclaim() {
-    let Some(env) = Env::new("nameprefix").await else {
-        return;
-    };
+    let env = Env::new("nameprefix").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     let mut spec = metal3_spec("10.71.0.10", "10.71.0.20", 24);
     spec.name_prefix = "n".repeat(250);
@@ -984,9 +970,7 @@ async fn an_invalid_name_prefix_is_explained_on_the_ipclaim() {
 /// a second SIGTERM ends it at once; the next process finishes the job with nothing duplicated.
 #[tokio::test]
 async fn shutdown_under_load_is_prompt_and_loses_nothing() {
-    let Some(env) = Env::new("shutdown").await else {
-        return;
-    };
+    let env = Env::new("shutdown").await;
     capi_pool(&env, "pool", capi_spec(&["10.72.0.0/22"], 22)).await;
     let addresses: Api<IPAddress> = env.api();
     let count = || async {
@@ -1063,14 +1047,16 @@ fn by_hand(namespace: &str, name: &str, claim: &str, pool: &str, address: &str) 
 }
 
 /// Whether the pool `name` of `api` ever says its ledger was rebuilt (a `LedgerRebuilt`
-/// condition, as `conditions` reads it) while the returned task watches it.
-fn watch_for_fence<K>(
-    api: Api<K>,
-    name: &str,
-    conditions: fn(&K) -> Vec<String>,
-) -> tokio::task::JoinHandle<bool>
+/// condition) while the returned task watches it.
+fn watch_for_fence<K>(api: Api<K>, name: &str) -> tokio::task::JoinHandle<bool>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K: kube::Resource
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
 {
     use futures::StreamExt;
     let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
@@ -1079,9 +1065,9 @@ where
         while let Some(event) = stream.next().await {
             let rebuilt = match event {
                 Ok(kube::runtime::watcher::Event::Apply(p))
-                | Ok(kube::runtime::watcher::Event::InitApply(p)) => conditions(&p)
-                    .iter()
-                    .any(|reason| reason == "LedgerRebuilt"),
+                | Ok(kube::runtime::watcher::Event::InitApply(p)) => {
+                    reasons(&p).iter().any(|reason| reason == "LedgerRebuilt")
+                }
                 _ => false,
             };
             if rebuilt {
@@ -1092,14 +1078,15 @@ where
     })
 }
 
-fn global_reasons(pool: &GlobalInClusterIPPool) -> Vec<String> {
-    let status = pool.status.iter().flat_map(|s| &s.conditions);
-    status.map(|c| c.reason.clone()).collect()
-}
-
-fn reasons(pool: &InClusterIPPool) -> Vec<String> {
-    let status = pool.status.iter().flat_map(|s| &s.conditions);
-    status.map(|c| c.reason.clone()).collect()
+/// The reasons of a pool's conditions, for a pool of any kind (each kind has its own status type,
+/// all with upstream's `status.conditions`).
+fn reasons<K: serde::Serialize>(pool: &K) -> Vec<String> {
+    let status = serde_json::to_value(pool).unwrap_or_default();
+    let conditions = status["status"]["conditions"].as_array().cloned();
+    let reasons = conditions.into_iter().flatten();
+    reasons
+        .filter_map(|c| c["reason"].as_str().map(str::to_string))
+        .collect()
 }
 
 /// A tenant who may write IPAddresses in its own namespace cannot stop or corrupt a pool all
@@ -1110,9 +1097,7 @@ fn reasons(pool: &InClusterIPPool) -> Vec<String> {
 /// is told why it is not served with it), and the pool names them in an Event.
 #[tokio::test]
 async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
-    let env = Env::new("tenants")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("tenants").await;
     let tenant = support::TestNamespace::new(&env.client, "tenants-other").await;
     let bitpool = Bitpool::start_all_namespaces(env.name());
     let global = global_pool(&env, "shared", capi_spec(&["10.89.0.1-10.89.0.8"], 24)).await;
@@ -1125,7 +1110,7 @@ async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
         ledger.whole().then_some(())
     })
     .await;
-    let fenced = watch_for_fence(Api::all(env.client.clone()), &global, global_reasons);
+    let fenced = watch_for_fence::<GlobalInClusterIPPool>(Api::all(env.client.clone()), &global);
 
     let free = (1..=8)
         .map(|n| format!("10.89.0.{n}"))
@@ -1201,9 +1186,7 @@ async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
 /// left of the claims that went, and the ledger lists exactly the live objects.
 #[tokio::test]
 async fn a_sigkill_loop_on_a_metal3_pool_with_both_claim_kinds_leaves_no_orphan() {
-    let env = Env::new("killloop-m3")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("killloop-m3").await;
     metal3_pool(&env, "m3", metal3_spec("10.64.0.1", "10.64.0.250", 24)).await;
     let first = Bitpool::start(env.name(), &[]);
     let second = Bitpool::start(env.name(), &[]);
@@ -1275,9 +1258,7 @@ async fn lease_holder(env: &Env, name: &str) -> Option<String> {
 /// objects.
 #[tokio::test]
 async fn a_leader_cut_off_mid_burst_lands_its_writes_late_and_hands_out_nothing_twice() {
-    let env = Env::new("cutoff")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("cutoff").await;
     capi_pool(&env, "pool", capi_spec(&["10.65.0.0/24"], 24)).await;
     let relay = support::cut::Cuttable::start(support::cut::Cuttable::upstream_of(
         support::kubeconfig_path(),
@@ -1321,45 +1302,12 @@ async fn a_leader_cut_off_mid_burst_lands_its_writes_late_and_hands_out_nothing_
     drop(leader);
 }
 
-/// The prefix pool `pool` settled with `count` claims: each served by one IPAddress of the pool,
-/// no sub-prefix twice, and the ledger holding exactly as many with nothing pending.
-async fn assert_prefixes_consistent(env: &Env, pool: &str, count: usize, within: Duration) {
-    eventually(
-        &format!("InClusterPrefixPool/{pool} settles"),
-        within,
-        || async {
-            let claims: Vec<IPAddressClaim> =
-                support::ipam::listed(env, |c: &IPAddressClaim| c.spec.pool_ref.name == pool)
-                    .await?;
-            let served = claims
-                .iter()
-                .filter(|c| ready(c).is_some_and(|r| r.status == "True"))
-                .count();
-            let objects: Vec<IPAddress> =
-                support::ipam::listed(env, |a: &IPAddress| a.spec.pool_ref.name == pool).await?;
-            let distinct: BTreeSet<String> =
-                objects.iter().map(|a| a.spec.address.clone()).collect();
-            let ledger = env.ledger("InClusterPrefixPool", pool).await?;
-            (claims.len() == count
-                && served == count
-                && objects.len() == count
-                && distinct.len() == count
-                && ledger.len() == count as u128
-                && ledger.pending.is_empty())
-            .then_some(())
-        },
-    )
-    .await;
-}
-
 /// Losing the ledger of a Metal3 pool serving both claim kinds, and of a prefix pool, never
 /// yields a duplicate: each ledger is deleted every 0.3 s during a burst served by two
 /// processes, and each pool recovers on its own from its live address objects.
 #[tokio::test]
 async fn a_lost_ledger_of_a_metal3_or_prefix_pool_never_yields_a_duplicate() {
-    let env = Env::new("ledgerloss-kinds")
-        .await
-        .expect("the upstream CRDs are available (hack/upstream-crds.sh)");
+    let env = Env::new("ledgerloss-kinds").await;
     metal3_pool(&env, "m3", metal3_spec("10.66.0.1", "10.66.0.250", 24)).await;
     prefix_pool(&env, "pp", prefix_spec(&["fd00:66::/56"], 64)).await;
     let first = Bitpool::start(env.name(), &[]);

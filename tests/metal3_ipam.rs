@@ -174,9 +174,7 @@ fn pool_spec(ranges: Vec<Metal3PoolRange>) -> IPPoolSpec {
 
 #[tokio::test]
 async fn ipclaims_get_addresses_as_upstream_makes_them() {
-    let Some(env) = Env::new("m3-upstream").await else {
-        return;
-    };
+    let env = Env::new("m3-upstream").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut ranges = vec![range("192.168.0.10", "192.168.0.20")];
     ranges.push(Metal3PoolRange {
@@ -276,9 +274,7 @@ async fn ipclaims_get_addresses_as_upstream_makes_them() {
 
 #[tokio::test]
 async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
-    let Some(env) = Env::new("m3-errors").await else {
-        return;
-    };
+    let env = Env::new("m3-errors").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut small = pool_spec(vec![range("192.168.0.10", "192.168.0.11")]);
     small.pre_allocations = BTreeMap::from([("lost".to_string(), "192.168.9.9".to_string())]);
@@ -325,9 +321,7 @@ async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
 
 #[tokio::test]
 async fn capi_claims_share_the_pool_and_same_names_do_not_collide() {
-    let Some(env) = Env::new("m3-capi").await else {
-        return;
-    };
+    let env = Env::new("m3-capi").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool(
         "provisioning-pool",
@@ -407,9 +401,7 @@ async fn capi_claims_share_the_pool_and_same_names_do_not_collide() {
 
 #[tokio::test]
 async fn preallocations_are_reserved_for_their_claims_of_either_kind() {
-    let Some(env) = Env::new("m3-prealloc").await else {
-        return;
-    };
+    let env = Env::new("m3-prealloc").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut spec = pool_spec(vec![range("192.168.0.10", "192.168.0.13")]);
     spec.pre_allocations = BTreeMap::from([
@@ -462,9 +454,7 @@ async fn holders(env: &Env) -> Option<Vec<String>> {
 
 #[tokio::test]
 async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
-    let Some(env) = Env::new("m3-race").await else {
-        return;
-    };
+    let env = Env::new("m3-race").await;
     env.pool(
         "tiny",
         pool_spec(vec![range("192.168.0.10", "192.168.0.29")]),
@@ -573,9 +563,7 @@ async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
 
 #[tokio::test]
 async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
-    let Some(env) = Env::new("m3-proxy").await else {
-        return;
-    };
+    let env = Env::new("m3-proxy").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     // The new CAPI pool, as `bitpool migrate` would write it (the host's old address pinned).
     let target = bitpool::api::capi_pools::InClusterIPPool {
@@ -672,9 +660,7 @@ async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
 /// status to whoever serves Metal3 pools.
 #[tokio::test]
 async fn the_migration_proxy_group_alone_serves_proxied_pools_only() {
-    let Some(env) = Env::new("m3-proxy-only").await else {
-        return;
-    };
+    let env = Env::new("m3-proxy-only").await;
     let _bitpool = Bitpool::start(env.name(), &["--controllers=capi-ipam,migration-proxy"]);
     support::ipam::capi_pool(
         &env,
@@ -730,9 +716,7 @@ async fn the_migration_proxy_group_alone_serves_proxied_pools_only() {
 
 #[tokio::test]
 async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
-    let Some(env) = Env::new("m3-cluster").await else {
-        return;
-    };
+    let env = Env::new("m3-cluster").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let clusters: Api<bitpool::api::capi::Cluster> = env.api();
     let cluster = bitpool::api::capi::Cluster {
@@ -801,9 +785,7 @@ async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
 /// the address, not the claim), whatever the claim kind's finalizer.
 #[tokio::test]
 async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
-    let Some(env) = Env::new("m3-orphans").await else {
-        return;
-    };
+    let env = Env::new("m3-orphans").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool(
         "invalid",
@@ -911,9 +893,7 @@ async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
 /// keeps the address its status names.
 #[tokio::test]
 async fn a_claims_second_address_object_goes_and_its_address_is_freed() {
-    let Some(env) = Env::new("m3-second").await else {
-        return;
-    };
+    let env = Env::new("m3-second").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.pool(
         "pool",

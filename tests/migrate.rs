@@ -27,9 +27,7 @@ fn bitpool_cli(args: &[&str]) -> std::process::Output {
 #[tokio::test]
 async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address() {
     let client = support::client().await;
-    if !support::install_all_crds(&client).await {
-        return;
-    }
+    support::install_all_crds(&client).await;
     let ns = TestNamespace::new(&client, "migrate").await;
     let name = ns.name.as_str();
 

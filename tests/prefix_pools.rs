@@ -76,9 +76,7 @@ async fn wait_counts(env: &Env, name: &str, expected: (i64, i64, i64, i64)) {
 
 #[tokio::test]
 async fn an_ipv6_claim_gets_a_sub_prefix_waits_when_the_pool_is_exhausted_or_paused() {
-    let Some(env) = Env::new("prefix-v6").await else {
-        return;
-    };
+    let env = Env::new("prefix-v6").await;
     let bitpool = Bitpool::start(env.name(), &[]);
     let mut spec = prefix_spec(&["fd00:10::/62"], 64);
     spec.gateway = Some("fd00:10::1".into());
@@ -171,9 +169,7 @@ async fn an_ipv6_claim_gets_a_sub_prefix_waits_when_the_pool_is_exhausted_or_pau
 
 #[tokio::test]
 async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_until_deleted() {
-    let Some(env) = Env::new("prefix-v4").await else {
-        return;
-    };
+    let env = Env::new("prefix-v4").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut spec = prefix_spec(&["10.20.0.0/24"], 26);
     spec.gateway = Some("10.20.0.1".into());
@@ -329,9 +325,7 @@ fn alternating(env: &Env, range: std::ops::Range<usize>) -> impl Iterator<Item =
 
 #[tokio::test]
 async fn two_processes_racing_and_a_kill_never_hand_out_a_sub_prefix_twice() {
-    let Some(env) = Env::new("prefix-race").await else {
-        return;
-    };
+    let env = Env::new("prefix-race").await;
     prefix_pool(&env, "left", prefix_spec(&["fd00:20::/56"], 64)).await;
     prefix_pool(&env, "right", prefix_spec(&["10.30.0.0/16"], 24)).await;
     let pools = [

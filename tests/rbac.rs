@@ -189,9 +189,7 @@ async fn the_shipped_service_account_serves_every_pool_kind_under_owner_referenc
         support::read_crds(&root().join("tests/fixtures/clusterctl/cert-manager-crds.yaml"));
     support::install_crds(&admin, &stand_in).await;
     apply_components(&plane);
-    let Some(env) = Env::in_cluster(&plane.kubeconfig, "tenant").await else {
-        return;
-    };
+    let env = Env::in_cluster(&plane.kubeconfig, "tenant").await;
     let kubeconfig = service_account_kubeconfig(&plane, &admin).await;
     let endpoints = Endpoints::new();
     let bitpool = run_as(&kubeconfig, &endpoints);

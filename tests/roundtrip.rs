@@ -97,9 +97,7 @@ where
 #[tokio::test]
 async fn every_served_kind_round_trips_with_every_field_set() {
     let client = support::client().await;
-    if !support::install_all_crds(&client).await {
-        return;
-    }
+    support::install_all_crds(&client).await;
     let ns = support::TestNamespace::new(&client, "roundtrip").await;
     let n = ns.name.as_str();
     round_trip(
@@ -168,9 +166,7 @@ fn time(s: &str) -> Time {
 #[tokio::test]
 async fn capi_claims_and_addresses_round_trip_through_the_upstream_crds() {
     let client = support::client().await;
-    if !support::install_all_crds(&client).await {
-        return;
-    }
+    support::install_all_crds(&client).await;
     let ns = support::TestNamespace::new(&client, "roundtrip-capi").await;
     let pool_ref = capi::IPPoolReference {
         name: "workers-v4".into(),
@@ -251,9 +247,7 @@ async fn capi_claims_and_addresses_round_trip_through_the_upstream_crds() {
 #[tokio::test]
 async fn standalone_capi_crds_are_accepted_by_the_server() {
     let client = support::client().await;
-    if !support::install_all_crds(&client).await {
-        return;
-    }
+    support::install_all_crds(&client).await;
     let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(client.clone());
     let mut params = PatchParams::apply("bitpool-test").force();
@@ -287,9 +281,7 @@ async fn rejection(
 #[tokio::test]
 async fn malformed_objects_are_rejected_with_the_crd_validation_message() {
     let client = support::client().await;
-    if !support::install_all_crds(&client).await {
-        return;
-    }
+    support::install_all_crds(&client).await;
     let ns = support::TestNamespace::new(&client, "roundtrip-invalid").await;
     let ippool = ApiResource::erase::<metal3_ipam::IPPool>(&());
     let incluster = ApiResource::erase::<capi_pools::InClusterIPPool>(&());

@@ -95,27 +95,25 @@ struct Harness {
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
-async fn serve(prefix: &str, extra_args: &[&str]) -> Option<Harness> {
+async fn serve(prefix: &str, extra_args: &[&str]) -> Harness {
     let turn = webhook::SERIAL.lock().await;
-    let env = Env::new(prefix).await?;
+    let env = Env::new(prefix).await;
     let served = Served::start(&env, extra_args);
     served.wait_listening().await;
     webhook::convert_through(&env.client, &served).await;
     let registered = Registered::new(&env, &served).await;
     registered.wait_active(&env).await;
-    Some(Harness {
+    Harness {
         registered,
         served,
         env,
         _turn: turn,
-    })
+    }
 }
 
 #[tokio::test]
 async fn invalid_objects_are_refused_naming_field_and_rule() {
-    let Some(harness) = serve("wh-invalid", &[]).await else {
-        return;
-    };
+    let harness = serve("wh-invalid", &[]).await;
     let env = &harness.env;
     let pools: Api<InClusterIPPool> = env.api();
     let pp = PostParams::default();
@@ -274,9 +272,7 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
 
 #[tokio::test]
 async fn pools_in_use_are_neither_deleted_nor_shrunk() {
-    let Some(harness) = serve("wh-inuse", &[]).await else {
-        return;
-    };
+    let harness = serve("wh-inuse", &[]).await;
     let env = &harness.env;
     capi_pool(env, "p", capi_spec(&["10.7.0.0/24"], 24)).await;
     claim(env, "a", "InClusterIPPool", "p").await;
@@ -371,9 +367,7 @@ async fn pools_in_use_are_neither_deleted_nor_shrunk() {
 
 #[tokio::test]
 async fn prefix_pools_are_validated_and_kept_while_in_use() {
-    let Some(harness) = serve("wh-prefix", &[]).await else {
-        return;
-    };
+    let harness = serve("wh-prefix", &[]).await;
     let env = &harness.env;
     let pools: Api<InClusterPrefixPool> = env.api();
     let pp = PostParams::default();
@@ -455,9 +449,7 @@ async fn prefix_pools_are_validated_and_kept_while_in_use() {
 
 #[tokio::test]
 async fn v1alpha1_and_v1alpha2_read_each_others_writes() {
-    let Some(harness) = serve("wh-convert", &[]).await else {
-        return;
-    };
+    let harness = serve("wh-convert", &[]).await;
     let env = &harness.env;
     let old_form: Api<DynamicObject> =
         Api::namespaced_with(env.client.clone(), env.name(), &v1alpha1("InClusterIPPool"));
@@ -578,9 +570,7 @@ async fn stored_versions(crds: &Api<CustomResourceDefinition>) -> Vec<String> {
 /// migration leaves v1alpha2 alone in `storedVersions`.
 #[tokio::test]
 async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
-    let Some(harness) = serve("wh-upgrade", &[]).await else {
-        return;
-    };
+    let harness = serve("wh-upgrade", &[]).await;
     let env = &harness.env;
     let config = harness.served.client_config(bitpool::webhook::CONVERT_PATH);
     let mut crds_now = bitpool::crds::served();
@@ -679,9 +669,7 @@ async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
 
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_restart() {
-    let Some(mut harness) = serve("wh-rotate", &["--tls-min-version=VersionTLS13"]).await else {
-        return;
-    };
+    let mut harness = serve("wh-rotate", &["--tls-min-version=VersionTLS13"]).await;
     harness.served.certs.ca_pem = harness.served.certs.rotate();
     // The API server trusts only the new CA from now on: a denial (not a TLS failure) proves
     // bitpool serves the new certificate.
@@ -694,9 +682,7 @@ async fn a_rotated_certificate_is_served_without_restart() {
 /// (failurePolicy Fail) and Cluster API's claims still go through (Ignore).
 #[tokio::test]
 async fn failure_policies_hold_while_bitpool_is_down() {
-    let Some(mut harness) = serve("wh-down", &[]).await else {
-        return;
-    };
+    let mut harness = serve("wh-down", &[]).await;
     let env = &harness.env;
     capi_pool(env, "p", capi_spec(&["10.9.0.0/24"], 24)).await;
     claim(env, "a", "InClusterIPPool", "p").await;
@@ -736,9 +722,6 @@ async fn failure_policies_hold_while_bitpool_is_down() {
 /// Without its certificate `run` stops at once and names the file (no listener without TLS).
 #[tokio::test]
 async fn a_missing_certificate_is_named_at_start() {
-    if support::upstream_crds_dir().is_none() {
-        return;
-    }
     let dir = support::root().join("target/test-certs/none");
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
         .args(["run", "--webhook-host=127.0.0.1"])
@@ -776,9 +759,7 @@ fn metal3data_resource(kind: &str, version: &str) -> ApiResource {
 /// at v1beta2 — `templateReference`, bond parameters and template indexes included.
 #[tokio::test]
 async fn metal3data_kinds_written_at_v1beta1_read_back_at_both_versions() {
-    let Some(harness) = serve("wh-m3d", &[]).await else {
-        return;
-    };
+    let harness = serve("wh-m3d", &[]).await;
     let env = &harness.env;
     for (file, kind) in [
         ("metal3datatemplate.yaml", "Metal3DataTemplate"),
@@ -831,9 +812,7 @@ async fn metal3data_kinds_written_at_v1beta1_read_back_at_both_versions() {
 /// long.
 #[tokio::test]
 async fn idle_connections_neither_stop_admission_nor_stay() {
-    let Some(harness) = serve("wh-idle", &[]).await else {
-        panic!("the upstream CRDs are not available (hack/upstream-crds.sh)");
-    };
+    let harness = serve("wh-idle", &[]).await;
     let env = &harness.env;
     let addr = format!("127.0.0.1:{}", harness.served.port);
     let mut idle = Vec::new();
@@ -920,9 +899,7 @@ async fn grant_address_writes(env: &Env, user: &str) {
 /// the administrator, as `clusterctl move` writes them).
 #[tokio::test]
 async fn only_bitpool_and_a_pools_owners_make_its_address_objects() {
-    let Some(harness) = serve("wh-writers", &[]).await else {
-        panic!("the upstream CRDs are not available (hack/upstream-crds.sh)");
-    };
+    let harness = serve("wh-writers", &[]).await;
     let env = &harness.env;
     let global = global_pool(env, "shared", capi_spec(&["10.91.0.0/28"], 24)).await;
     metal3_pool(env, "site", metal3_spec("10.92.0.10", "10.92.0.20", 24)).await;
@@ -1000,9 +977,7 @@ async fn only_bitpool_and_a_pools_owners_make_its_address_objects() {
 /// and the message names that claim.
 #[tokio::test]
 async fn a_pools_checks_read_its_ledger() {
-    let Some(harness) = serve("wh-ledger", &[]).await else {
-        panic!("the upstream CRDs are not available (hack/upstream-crds.sh)");
-    };
+    let harness = serve("wh-ledger", &[]).await;
     let env = &harness.env;
     // Paused: bitpool's controllers leave its ledger as written here.
     let mut metadata = env.meta("p");

@@ -177,21 +177,8 @@ pub async fn burst(env: &Env, prefix: &str, kind: &str, pool: &str, count: usize
 
 /// `count` IPClaims named `<prefix>-NNNN` on the Metal3 pool `pool`, created 32 at a time.
 pub async fn ipclaim_burst(env: &Env, prefix: &str, pool: &str, count: usize) {
-    let api: Api<IPClaim> = env.api();
-    let creations = (0..count).map(|i| {
-        let (api, claim) = (
-            api.clone(),
-            ipclaim_object(env, &format!("{prefix}-{i:04}"), pool),
-        );
-        async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
-    });
-    for result in stream::iter(creations)
-        .buffer_unordered(32)
-        .collect::<Vec<_>>()
-        .await
-    {
-        result.expect("create IPClaim");
-    }
+    let claims = (0..count).map(|i| ipclaim_object(env, &format!("{prefix}-{i:04}"), pool));
+    create_all(&env.api(), claims).await;
 }
 
 /// Waits until at least `count` IPAddresses exist in the test namespace.
@@ -211,17 +198,25 @@ pub async fn wait_addresses(env: &Env, count: usize, what: &str) {
 
 /// Creates `claims` in the test namespace, 32 at a time.
 pub async fn create_claims(env: &Env, claims: impl Iterator<Item = IPAddressClaim>) {
-    let api: Api<IPAddressClaim> = env.api();
-    let creations = claims.map(|claim| {
-        let api = api.clone();
-        async move { api.create(&PostParams::default(), &claim).await.map(|_| ()) }
+    create_all(&env.api(), claims).await;
+}
+
+/// Creates `objects` through `api`, 32 at a time; any refusal fails the test.
+pub async fn create_all<K>(api: &Api<K>, objects: impl Iterator<Item = K>)
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let creations = objects.map(|object| async move {
+        api.create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| format!("create {:?}: {e}", object.meta().name))
     });
     for result in stream::iter(creations)
         .buffer_unordered(32)
         .collect::<Vec<_>>()
         .await
     {
-        result.expect("create claim");
+        result.unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -486,6 +481,53 @@ pub async fn assert_metal3_consistent(env: &Env, pool: &str, within: Duration) {
             panic!("IPPool/{pool}: {address} is held by both {other} and {claim}");
         }
     }
+}
+
+/// The prefix pool `pool` settled with `count` claims: each served by one IPAddress of the pool
+/// of its own, no sub-prefix twice, and the ledger holding exactly the live sub-prefixes with
+/// nothing pending.
+pub async fn assert_prefixes_consistent(env: &Env, pool: &str, count: usize, within: Duration) {
+    eventually(
+        &format!("InClusterPrefixPool/{pool} settles"),
+        within,
+        || async {
+            let claims: Vec<IPAddressClaim> =
+                listed(env, |c: &IPAddressClaim| c.spec.pool_ref.name == pool).await?;
+            let served = claims
+                .iter()
+                .filter(|c| ready(c).is_some_and(|r| r.status == "True"))
+                .count();
+            let objects: Vec<IPAddress> =
+                listed(env, |a: &IPAddress| a.spec.pool_ref.name == pool).await?;
+            // The ledger holds each sub-prefix by its number (bitpool::alloc::prefix).
+            let numbers: BTreeSet<String> = objects
+                .iter()
+                .filter_map(|a| {
+                    let network: std::net::IpAddr = a.spec.address.parse().ok()?;
+                    let length = u8::try_from(a.spec.prefix).ok()?;
+                    let family = bitpool::alloc::Family::of(network);
+                    let numbering = bitpool::alloc::Numbering { family, length };
+                    numbering.number(network, length)
+                })
+                .map(|number| number.to_string())
+                .collect();
+            let holders: BTreeSet<&str> = objects
+                .iter()
+                .map(|a| a.spec.claim_ref.name.as_str())
+                .collect();
+            let ledger = env.ledger("InClusterPrefixPool", pool).await?;
+            let recorded: BTreeSet<String> = ledger.addresses().map(|a| a.to_string()).collect();
+            (claims.len() == count
+                && served == count
+                && objects.len() == count
+                && numbers.len() == count
+                && holders.len() == count
+                && recorded == numbers
+                && ledger.pending.is_empty())
+            .then_some(())
+        },
+    )
+    .await;
 }
 
 /// Every warning bitpool logged names the object it is about (the client library's own, such

@@ -38,7 +38,7 @@ pub fn root() -> &'static Path {
 /// The upstream CRDs: `$BITPOOL_UPSTREAM_CRDS` when set, else the pinned upstream module versions
 /// fetched (once, cached outside the checkout) by `hack/upstream-crds.sh`. Always `Some`: the
 /// repository tests itself; the `Option` keeps the callers' early returns.
-pub fn upstream_crds_dir() -> Option<PathBuf> {
+pub fn upstream_crds_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
         if let Some(dir) = std::env::var_os("BITPOOL_UPSTREAM_CRDS").filter(|d| !d.is_empty()) {
@@ -52,7 +52,7 @@ pub fn upstream_crds_dir() -> Option<PathBuf> {
         PathBuf::from(String::from_utf8_lossy(&output.stdout).trim().to_string())
     });
     assert!(dir.is_dir(), "upstream CRDs not found at {}", dir.display());
-    Some(dir.clone())
+    dir.clone()
 }
 
 /// Reads one multi-document YAML file of CRDs.
@@ -102,10 +102,8 @@ pub async fn install_crds(client: &Client, crds: &[CustomResourceDefinition]) {
 
 /// bitpool's own CRDs, plus the upstream CAPI IPAddressClaim/IPAddress/Cluster/Machine CRDs.
 /// Returns false (test skipped) where the upstream CRDs are not available outside CI.
-pub async fn install_all_crds(client: &Client) -> bool {
-    let Some(upstream) = upstream_crds_dir() else {
-        return false;
-    };
+pub async fn install_all_crds(client: &Client) {
+    let upstream = upstream_crds_dir();
     let mut crds = bitpool::crds::served();
     for file in [
         "cluster-api/ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
@@ -118,7 +116,6 @@ pub async fn install_all_crds(client: &Client) -> bool {
         crds.extend(read_crds(&upstream.join(file)));
     }
     install_crds(client, &crds).await;
-    true
 }
 
 /// A namespace of its own for one test, deleted when dropped (also when the test panics).
@@ -399,24 +396,20 @@ pub struct Env {
 }
 
 impl Env {
-    /// `None` (test skipped) where the upstream CRDs are not available outside CI.
-    pub async fn new(prefix: &str) -> Option<Self> {
+    /// With every CRD the tests use installed (a test fails when they cannot be).
+    pub async fn new(prefix: &str) -> Self {
         let client = client().await;
-        if !install_all_crds(&client).await {
-            return None;
-        }
+        install_all_crds(&client).await;
         let ns = TestNamespace::new(&client, prefix).await;
-        Some(Self { client, ns })
+        Self { client, ns }
     }
 
     /// A test namespace in the cluster of `kubeconfig` (a dedicated control plane).
-    pub async fn in_cluster(kubeconfig: &Path, prefix: &str) -> Option<Self> {
+    pub async fn in_cluster(kubeconfig: &Path, prefix: &str) -> Self {
         let client = client_for(kubeconfig).await;
-        if !install_all_crds(&client).await {
-            return None;
-        }
+        install_all_crds(&client).await;
         let ns = TestNamespace::in_cluster(&client, kubeconfig, prefix).await;
-        Some(Self { client, ns })
+        Self { client, ns }
     }
 
     pub fn name(&self) -> &str {
