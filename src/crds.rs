@@ -412,7 +412,7 @@ async fn first_served_version(
                 return Ok(Some(index));
             }
             Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(kube::Error::Api(e)) if e.is_not_found() => {}
             Err(source) => {
                 return Err(ContractError::Discovery {
                     group: group_version,

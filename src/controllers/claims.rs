@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::error::Error;
+use super::error::{Call, Error, Verb};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind};
 use super::objects;
 use super::pool::{AddressKinds, PoolDialect, PoolKey, fresh_addresses};
@@ -103,7 +103,7 @@ async fn release_orphan(ctx: &Context, claim: &AnyClaim, key: &PoolKey) -> Resul
     };
     let fresh = fresh_addresses(&ctx.client, Some(&namespace), kinds)
         .await
-        .map_err(Error::Kube)?;
+        .call_on(Verb::List, format!("address objects in {namespace}"))?;
     let claimed = (claim.kind(), claim.name());
     let own: Vec<AnyAddress> = fresh
         .capi

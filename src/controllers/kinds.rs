@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::Context;
-use super::error::Error;
+use super::error::{Call, Error, Verb, object_of};
 use super::intent::{ClaimId, Refusal};
 use super::objects::{self, FinalizerPatch};
 use crate::alloc::AllocError;
@@ -118,16 +118,16 @@ impl AnyClaim {
         name: &str,
     ) -> Result<Option<String>, Error> {
         let meta = match kind {
-            ClaimKind::Capi => Api::<IPAddressClaim>::namespaced(ctx.client.clone(), namespace)
-                .get_metadata_opt(name)
-                .await
-                .map_err(Error::Kube)?
-                .map(|m| m.metadata),
-            ClaimKind::Metal3 => Api::<IPClaim>::namespaced(ctx.client.clone(), namespace)
-                .get_metadata_opt(name)
-                .await
-                .map_err(Error::Kube)?
-                .map(|m| m.metadata),
+            ClaimKind::Capi => {
+                let api = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), namespace);
+                let found = api.get_metadata_opt(name).await;
+                found.call(Verb::Get, &api, name)?.map(|m| m.metadata)
+            }
+            ClaimKind::Metal3 => {
+                let api = Api::<IPClaim>::namespaced(ctx.client.clone(), namespace);
+                let found = api.get_metadata_opt(name).await;
+                found.call(Verb::Get, &api, name)?.map(|m| m.metadata)
+            }
         };
         Ok(meta.and_then(|m| m.uid))
     }
@@ -214,16 +214,17 @@ impl AnyClaim {
     ) -> Result<Option<AnyAddress>, Error> {
         let ns = self.namespace();
         match self {
-            AnyClaim::Capi(_) => Api::<IPAddress>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(name)
-                .await
-                .map(|a| a.map(|a| AnyAddress::Capi(Arc::new(a)))),
-            AnyClaim::Metal3(_) => Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(name)
-                .await
-                .map(|a| a.map(|a| AnyAddress::Metal3(Arc::new(a)))),
+            AnyClaim::Capi(_) => {
+                let api = Api::<IPAddress>::namespaced(ctx.client.clone(), &ns);
+                let found = api.get_opt(name).await.call(Verb::Get, &api, name)?;
+                Ok(found.map(|a| AnyAddress::Capi(Arc::new(a))))
+            }
+            AnyClaim::Metal3(_) => {
+                let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns);
+                let found = api.get_opt(name).await.call(Verb::Get, &api, name)?;
+                Ok(found.map(|a| AnyAddress::Metal3(Arc::new(a))))
+            }
         }
-        .map_err(Error::Kube)
     }
 
     /// The claim as an Event's `regarding`.
@@ -549,7 +550,7 @@ impl AnyAddress {
 
 async fn delete_with<K>(api: &Api<K>, name: &str, finalizer: &str) -> Result<bool, Error>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     // Deleting first answers with the object as it now is (finalizers hold it), so the finalizer
     // patch needs no read of its own: two round trips, not three.
@@ -557,8 +558,8 @@ where
         // A status: the object is gone.
         Ok(either::Either::Right(_)) => return Ok(true),
         Ok(either::Either::Left(held)) => held,
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(true),
-        Err(e) => return Err(Error::Kube(e)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => return Ok(true),
+        Err(e) => return Err(Error::api(Verb::Delete, object_of(api, name), e)),
     };
     if !objects::has_finalizer(held.meta(), finalizer) {
         // Another finalizer holds it: not bitpool's to release.
@@ -659,16 +660,17 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let body = serde_json::to_vec(object).map_err(|e| Error::Kube(kube::Error::SerdeError(e)))?;
+    let name = object.meta().name.clone().unwrap_or_default();
+    let failed = |e| Error::api(Verb::Create, object_of(api, &name), e);
+    let body = serde_json::to_vec(object).map_err(|e| failed(kube::Error::SerdeError(e)))?;
     let mut request = kube::core::Request::new(api.resource_url())
         .create(&PostParams::default(), body)
-        .map_err(|e| Error::Kube(kube::Error::BuildRequest(e)))?;
+        .map_err(|e| failed(kube::Error::BuildRequest(e)))?;
     request.extensions_mut().insert(Deadline(deadline));
     match api.clone().into_client().request::<K>(request).await {
         Ok(_) => Ok(Created::Confirmed),
-        Err(kube::Error::Api(status)) if status.code == 409 => {
-            let name = object.meta().name.clone().unwrap_or_default();
-            let existing = api.get(&name).await.map_err(Error::Kube)?;
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            let existing = api.get(&name).await.call(Verb::Get, api, &name)?;
             Ok(compare(&existing).unwrap_or_else(|| {
                 Created::Conflict(format!(
                     "{} {name} already exists for another claim or pool",
@@ -676,6 +678,6 @@ where
                 ))
             }))
         }
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(failed(e)),
     }
 }

@@ -24,7 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
 
-use super::error::Error;
+use super::error::{Call, Error, Verb, object_of};
 use crate::alloc::set::AddressSet;
 use crate::alloc::{Family, family};
 use crate::client::clock;
@@ -469,7 +469,12 @@ impl LedgerRef {
 
     /// The ledger as the server has it now (never from a cache).
     pub async fn load(&self) -> Result<Loaded, Error> {
-        let Some(config_map) = self.api.get_opt(&self.name).await.map_err(Error::Kube)? else {
+        let Some(config_map) =
+            self.api
+                .get_opt(&self.name)
+                .await
+                .call(Verb::Get, &self.api, &self.name)?
+        else {
             return Ok(Loaded::Missing);
         };
         let resource_version = config_map.metadata.resource_version.clone();
@@ -507,11 +512,15 @@ impl LedgerRef {
                 },
                 resource_version: created.metadata.resource_version,
             })),
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
-            Err(kube::Error::Api(status)) if status.code == 404 => {
+            Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(None),
+            Err(kube::Error::Api(status)) if status.is_not_found() => {
                 Err(Error::LedgerNamespaceMissing(self.namespace.clone()))
             }
-            Err(e) => Err(Error::Kube(e)),
+            Err(e) => Err(Error::api(
+                Verb::Create,
+                object_of(&self.api, &self.name),
+                e,
+            )),
         }
     }
 
@@ -535,8 +544,14 @@ impl LedgerRef {
                 },
                 resource_version: replaced.metadata.resource_version,
             })),
-            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => Ok(None),
-            Err(e) => Err(Error::Kube(e)),
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
+                Ok(None)
+            }
+            Err(e) => Err(Error::api(
+                Verb::Replace,
+                object_of(&self.api, &self.name),
+                e,
+            )),
         }
     }
 
@@ -544,8 +559,12 @@ impl LedgerRef {
     pub async fn delete(&self) -> Result<(), Error> {
         match self.api.delete(&self.name, &Default::default()).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(e) => Err(Error::Kube(e)),
+            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+            Err(e) => Err(Error::api(
+                Verb::Delete,
+                object_of(&self.api, &self.name),
+                e,
+            )),
         }
     }
 }

@@ -7,12 +7,12 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::error::Error;
+use super::error::{Call, Error, Verb, object_of};
 use crate::api::labels;
 
 pub fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
@@ -50,10 +50,14 @@ where
         .await
     {
         Ok(_) => Ok(FinalizerPatch::Done),
-        Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+        Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
             Ok(FinalizerPatch::Stale)
         }
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::api(
+            Verb::Patch,
+            object_of(api, &object.name_any()),
+            e,
+        )),
     }
 }
 
@@ -112,7 +116,27 @@ where
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map(|_| ())
-        .map_err(Error::Kube)
+        .call(Verb::Patch, api, name)
+}
+
+/// `Some(object)`, `None` when it does not exist.
+pub async fn get_optional<K>(api: &Api<K>, name: &str) -> Result<Option<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    api.get_opt(name).await.call(Verb::Get, api, name)
+}
+
+/// Deletes `name`; one already gone is fine.
+pub async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(Error::api(Verb::Delete, object_of(api, name), e)),
+    }
 }
 
 /// Merge-patches `status` of `name`; an object deleted meanwhile needs no status.
@@ -129,8 +153,8 @@ where
         .await
     {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
+        Err(e) => Err(Error::api(Verb::PatchStatus, object_of(api, name), e)),
     }
 }
 

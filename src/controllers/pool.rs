@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 
 use super::Context;
 use super::duplicates::{self, SharedAddress};
-use super::error::Error;
+use super::error::{Call, Error, Verb};
 use super::intent::{self, Found, Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
@@ -349,13 +349,10 @@ pub(super) async fn fresh_pool_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
 ) -> Result<Vec<AnyAddress>, Error> {
-    let fresh = fresh_addresses(
-        &ctx.client,
-        pool.key().namespace.as_deref(),
-        P::ADDRESS_KINDS,
-    )
-    .await
-    .map_err(Error::Kube)?;
+    let key = pool.key();
+    let fresh = fresh_addresses(&ctx.client, key.namespace.as_deref(), P::ADDRESS_KINDS)
+        .await
+        .call_on(Verb::List, format!("address objects of {}", key.describe()))?;
     Ok(pool.addresses(ctx, Some(&fresh)))
 }
 
@@ -1238,8 +1235,9 @@ async fn adopt_addresses(ctx: &Context, batch: &mut Batch) -> Result<(), Error> 
     for result in results {
         match result {
             Ok(()) => {}
-            Err(Error::Kube(kube::Error::Api(status)))
-                if status.is_conflict() || status.is_not_found() =>
+            Err(e)
+                if e.status()
+                    .is_some_and(|s| s.is_conflict() || s.is_not_found()) =>
             {
                 batch.again_within(Duration::ZERO);
             }

@@ -16,7 +16,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::error::Error;
+use super::error::{Call, Error, Verb, object_of};
 use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
 use super::metal3::metal3_address;
 use super::objects::{self, FinalizerPatch};
@@ -53,7 +53,8 @@ async fn proxied(ctx: &Context, claim: &IPAddressClaim) -> Result<Proxied, Error
         (Some(c), Some(address)) if c.status == "True" => {
             let api: Api<IPAddress> =
                 Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
-            match api.get_opt(&address.name).await.map_err(Error::Kube)? {
+            let found = api.get_opt(&address.name).await;
+            match found.call(Verb::Get, &api, &address.name)? {
                 Some(a) => Ok(Proxied::Allocated(Box::new(a))),
                 None => Ok(Proxied::Pending),
             }
@@ -147,7 +148,10 @@ async fn reconcile_proxy(
             continue;
         }
         let name = ipclaim.name_any();
-        let existing = claims.get_opt(&name).await.map_err(Error::Kube)?;
+        let existing = claims
+            .get_opt(&name)
+            .await
+            .call(Verb::Get, &claims, &name)?;
         if ipclaim.meta().deletion_timestamp.is_some() {
             if !objects::has_finalizer(ipclaim.meta(), CLAIM_FINALIZER) {
                 continue;
@@ -190,8 +194,9 @@ async fn reconcile_proxy(
                 };
                 match claims.create(&PostParams::default(), &proxy).await {
                     Ok(created) => created,
-                    Err(kube::Error::Api(s)) if s.code == 409 => continue, // retried on its event
-                    Err(e) => return Err(Error::Kube(e)),
+                    // Retried on its event.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => continue,
+                    Err(e) => return Err(Error::api(Verb::Create, object_of(&claims, &name), e)),
                 }
             }
         };
@@ -208,7 +213,7 @@ async fn reconcile_proxy(
                     ipclaims
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
                         .await
-                        .map_err(Error::Kube)?;
+                        .call(Verb::PatchStatus, &ipclaims, &name)?;
                 }
             }
             Proxied::Allocated(address) => {
@@ -238,14 +243,11 @@ async fn reconcile_proxy(
     let status = pool.status.clone().unwrap_or_default();
     if status.indexes != indexes {
         let patch = objects::indexes_patch(&status.indexes, &indexes, objects::now());
+        let name = pool.name_any();
         pools
-            .patch_status(
-                &pool.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            )
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(Error::Kube)?;
+            .call(Verb::PatchStatus, &pools, &name)?;
     }
     Ok(match requeue {
         Some(after) => Action::requeue(after),

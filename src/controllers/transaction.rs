@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::Context;
-use super::error::Error;
+use super::error::{Call, Error, Verb, object_of};
 use super::intent::{self, Intent};
 use super::ledger::{Ledger, LedgerRef, Loaded, Stored};
 use super::objects;
@@ -49,12 +49,8 @@ pub fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> LedgerRef {
 /// Creates the ledger namespace if it is missing (a missing one would stop every pool).
 pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    if namespaces
-        .get_opt(name)
-        .await
-        .map_err(Error::Kube)?
-        .is_some()
-    {
+    let found = namespaces.get_opt(name).await;
+    if found.call(Verb::Get, &namespaces, name)?.is_some() {
         return Ok(());
     }
     let namespace = Namespace {
@@ -69,8 +65,8 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> 
             tracing::info!(namespace = name, "created the ledger namespace");
             Ok(())
         }
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(Error::api(Verb::Create, object_of(&namespaces, name), e)),
     }
 }
 
@@ -78,7 +74,8 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> 
 /// [`LEDGER_ANNOTATION`] (read from the server, not a cache).
 async fn ever_reserved<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<bool, Error> {
     let api = pool.api_for(ctx.client.clone());
-    let current = api.get(&pool.name_any()).await.map_err(Error::Kube)?;
+    let name = pool.name_any();
+    let current = api.get(&name).await.call(Verb::Get, &api, &name)?;
     Ok(current.annotations().contains_key(LEDGER_ANNOTATION))
 }
 

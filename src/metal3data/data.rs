@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret, SecretReference};
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -29,7 +29,7 @@ use crate::api::metal3_hosts::{
 };
 use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
 use crate::controllers::Context;
-use crate::controllers::error::Error;
+use crate::controllers::error::{Call, Error, Verb, object_of};
 use crate::controllers::objects::{self, FinalizerPatch};
 use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
 
@@ -127,14 +127,6 @@ async fn write_status(
     objects::merge_status(api, &data.name_any(), patch).await
 }
 
-/// `Some(object)`, `None` when it does not exist.
-async fn get<K>(api: Api<K>, name: &str) -> Result<Option<K>, Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.get_opt(name).await.map_err(Error::Kube)
-}
-
 fn facts(meta: &ObjectMeta) -> ObjectFacts {
     ObjectFacts {
         name: meta.name.clone().unwrap_or_default(),
@@ -198,7 +190,10 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
         &namespace,
         &metal3_machine_resource(ctx.settings.metal3_machine_version),
     );
-    let Some(metal3_machine) = get(machines, machine_name).await?.map(Metal3Machine::from) else {
+    let Some(metal3_machine) = objects::get_optional(&machines, machine_name)
+        .await?
+        .map(Metal3Machine::from)
+    else {
         return Ok(Step::Waiting(format!(
             "Metal3Machine {machine_name} not found"
         )));
@@ -226,13 +221,7 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
         || network_ref.as_ref() != data.spec.network_data.as_ref()
     {
         let patch = json!({ "spec": { "metaData": meta_ref, "networkData": network_ref } });
-        api.patch(
-            &data.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
-        .map_err(Error::Kube)?;
+        objects::merge_patch(api, &data.name_any(), patch).await?;
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let meta_missing = secret_missing(&secrets, meta_ref.as_ref()).await?;
@@ -315,8 +304,8 @@ async fn resolve_host(
             metal3_machine.name_any()
         ))));
     };
-    let Some(machine) = get(
-        Api::<Machine>::namespaced(client.clone(), namespace),
+    let Some(machine) = objects::get_optional(
+        &Api::<Machine>::namespaced(client.clone(), namespace),
         machine_owner,
     )
     .await?
@@ -338,8 +327,8 @@ async fn resolve_host(
             metal3_machine.name_any()
         ))));
     };
-    let Some(bare_metal_host) = get(
-        Api::<BareMetalHost>::namespaced(client.clone(), namespace),
+    let Some(bare_metal_host) = objects::get_optional(
+        &Api::<BareMetalHost>::namespaced(client.clone(), namespace),
         &host_name,
     )
     .await?
@@ -376,7 +365,7 @@ async fn secret_missing(
     reference: Option<&SecretReference>,
 ) -> Result<bool, Error> {
     match reference.and_then(|r| r.name.as_deref()) {
-        Some(name) => Ok(get(secrets.clone(), name).await?.is_none()),
+        Some(name) => Ok(objects::get_optional(secrets, name).await?.is_none()),
         None => Ok(false),
     }
 }
@@ -425,8 +414,12 @@ async fn create_secret(
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => Ok(()),
         // Written by an earlier pass or another process: never re-rendered.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(Error::api(
+            Verb::Create,
+            object_of(secrets, &reference.name.clone().unwrap_or_default()),
+            e,
+        )),
     }
 }
 
@@ -579,11 +572,15 @@ where
                 "waiting for an address from pool {pool}"
             )))
         }
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(ClaimState::Waiting(format!(
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(ClaimState::Waiting(format!(
             "claim {} exists but is not in the cache yet",
             claim.name_any()
         ))),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::api(
+            Verb::Create,
+            object_of(api, &claim.name_any()),
+            e,
+        )),
     }
 }
 
@@ -708,21 +705,15 @@ async fn release(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Res
     let ipclaims: Api<IPClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut released = 0;
-    for claim in ipclaims
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?
-    {
+    let listed = ipclaims.list(&ListParams::default()).await;
+    for claim in listed.call(Verb::List, &ipclaims, "")? {
         if belongs(claim.meta()) {
             release_claim(&ipclaims, &claim).await?;
             released += 1;
         }
     }
-    for claim in claims
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?
-    {
+    let listed = claims.list(&ListParams::default()).await;
+    for claim in listed.call(Verb::List, &claims, "")? {
         if belongs(claim.meta()) {
             release_claim(&claims, &claim).await?;
             released += 1;
@@ -739,18 +730,11 @@ async fn release(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Res
 
 async fn release_claim<K>(api: &Api<K>, claim: &K) -> Result<(), Error>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     objects::remove_finalizer(api, claim, DATA_FINALIZER).await?;
     if claim.meta().deletion_timestamp.is_none() {
-        match api
-            .delete(&claim.name_any(), &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
+        objects::delete_ignoring_missing(api, &claim.name_any()).await?;
     }
     Ok(())
 }

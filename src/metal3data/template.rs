@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
@@ -22,7 +22,7 @@ use crate::api::metal3_data::{
     Metal3DataTemplate, Metal3ObjectRef, TEMPLATE_FINALIZER,
 };
 use crate::controllers::Context;
-use crate::controllers::error::Error;
+use crate::controllers::error::{Call, Error, Verb, object_of};
 use crate::controllers::objects::{self, FinalizerPatch};
 
 /// How soon to look again after losing a race with another writer.
@@ -140,7 +140,7 @@ pub async fn reconcile(
                     retry = true;
                     continue;
                 }
-                delete_ignoring_missing(&datas, &data.name_any()).await?;
+                objects::delete_ignoring_missing(&datas, &data.name_any()).await?;
                 // Shared watches do not report deletions: look again for the indexes.
                 retry = true;
             }
@@ -233,8 +233,12 @@ async fn bind(
         .await
     {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(false),
-        Err(e) => Err(Error::Kube(e)),
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(false),
+        Err(e) => Err(Error::api(
+            Verb::PatchStatus,
+            object_of(claims, &claim.name_any()),
+            e,
+        )),
     }
 }
 
@@ -319,19 +323,17 @@ async fn create_data(
             tracing::info!(claim = %claim.name_any(), index, "created Metal3Data");
             Ok(true)
         }
-        Err(kube::Error::Api(s)) if s.code == 409 => {
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
             // Either this claim's own Metal3Data from an earlier pass, or another claim won the
             // index: unbind so that the next pass picks again unless the data is ours.
-            let existing = datas
-                .get_opt(&data_name(&template_name, index))
-                .await
-                .map_err(Error::Kube)?;
+            let existing = objects::get_optional(datas, &data_name(&template_name, index)).await?;
             let ours = existing
                 .as_ref()
                 .is_some_and(|d| d.spec.claim.name.as_deref() == Some(&claim.name_any()));
             if !ours {
                 tracing::info!(claim = %claim.name_any(), index, "index taken by another claim; choosing again");
-                let fresh = claims.get(&claim.name_any()).await.map_err(Error::Kube)?;
+                let name = claim.name_any();
+                let fresh = claims.get(&name).await.call(Verb::Get, claims, &name)?;
                 let patch = json!({
                     "metadata": { "resourceVersion": fresh.meta().resource_version },
                     "status": { "renderedData": null },
@@ -346,18 +348,11 @@ async fn create_data(
             }
             Ok(false)
         }
-        Err(e) => Err(Error::Kube(e)),
-    }
-}
-
-async fn delete_ignoring_missing<K>(api: &Api<K>, name: &str) -> Result<(), Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::api(
+            Verb::Create,
+            object_of(datas, &data.name_any()),
+            e,
+        )),
     }
 }
 

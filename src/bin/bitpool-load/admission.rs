@@ -38,7 +38,7 @@ pub async fn measure(load: &Load, count: usize, limit: Duration) -> Result<Strin
         async move {
             let object = address_object(ip);
             match api.create(&PostParams::default(), &object).await {
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                Err(kube::Error::Api(e)) if e.is_already_exists() => Ok(()),
                 other => other.map(drop),
             }
         }
@@ -119,7 +119,9 @@ async fn pool(load: &Load) -> Result<InClusterIPPool, String> {
     .map_err(|e| e.to_string())?;
     match api.create(&PostParams::default(), &pool).await {
         Ok(created) => Ok(created),
-        Err(kube::Error::Api(e)) if e.code == 409 => api.get(POOL).await.map_err(|e| e.to_string()),
+        Err(kube::Error::Api(e)) if e.is_already_exists() => {
+            api.get(POOL).await.map_err(|e| e.to_string())
+        }
         Err(e) => Err(format!("cannot create the pool: {e}")),
     }
 }

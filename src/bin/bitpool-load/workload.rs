@@ -77,7 +77,7 @@ impl Load {
         };
         match api.create(&PostParams::default(), &namespace).await {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(kube::Error::Api(e)) if e.is_already_exists() => Ok(()),
             Err(e) => Err(format!("cannot create namespace {name}: {e}")),
         }
     }
@@ -147,7 +147,7 @@ impl Load {
             let api = api.clone();
             async move {
                 match api.delete(&name, &DeleteParams::default()).await {
-                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                    Err(kube::Error::Api(e)) if e.is_not_found() => Ok(()),
                     other => other.map(drop),
                 }
             }
@@ -307,7 +307,7 @@ impl ContractStep {
                         pool_ref: probe_pool(),
                     },
                 );
-                ignore_conflict(claims.create(&PostParams::default(), &claim).await)
+                ignore_existing(claims.create(&PostParams::default(), &claim).await)
             }
             Self::AddClaimFinalizer => claims
                 .patch(&name, &params, &finalizers(&[PROBE_FINALIZER]))
@@ -316,7 +316,7 @@ impl ContractStep {
             Self::CreateAddress => {
                 let mut address = raw_address(&name);
                 address.metadata.finalizers = Some(vec![PROBE_FINALIZER.into()]);
-                ignore_conflict(addresses.create(&PostParams::default(), &address).await)
+                ignore_existing(addresses.create(&PostParams::default(), &address).await)
             }
             Self::WriteStatus => {
                 let status = serde_json::json!({"status": {
@@ -348,16 +348,16 @@ impl ContractStep {
     }
 }
 
-fn ignore_conflict<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+fn ignore_existing<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match result {
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(kube::Error::Api(e)) if e.is_already_exists() => Ok(()),
         other => other.map(drop),
     }
 }
 
 fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
     match result {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(kube::Error::Api(e)) if e.is_not_found() => Ok(()),
         other => other,
     }
 }
