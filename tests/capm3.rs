@@ -5,7 +5,7 @@
 //! API core (a Cluster whose infrastructure is ready, Machines with bootstrap data) and the
 //! baremetal-operator (hosts that are `available`, with their NICs).
 //!
-//! Each test is one deployment mode of the README's "Metal3 clusters" section.
+//! Each test is one deployment mode of the "Metal3 clusters" section of docs/metal3.md.
 
 mod support;
 

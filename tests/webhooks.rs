@@ -566,8 +566,8 @@ async fn stored_versions(crds: &Api<CustomResourceDefinition>) -> Vec<String> {
 }
 
 /// An installation that ran the in-cluster provider before v0.1.0-alpha.3 stored its pools at
-/// v1alpha1; bitpool's CRD applies over it, serves those pools, and the README's storage
-/// migration leaves v1alpha2 alone in `storedVersions`.
+/// v1alpha1; bitpool's CRD applies over it, serves those pools, and the storage
+/// migration of docs/using.md leaves v1alpha2 alone in `storedVersions`.
 #[tokio::test]
 async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
     let harness = serve("wh-upgrade", &[]).await;
@@ -613,7 +613,7 @@ async fn an_installation_that_stored_v1alpha1_upgrades_in_place() {
     claim(env, "c", "InClusterIPPool", "legacy").await;
     wait_claim(env, "c", "Ready", |c| c.status == "True").await;
 
-    // The storage migration of the README: rewrite every pool, then drop v1alpha1. bitpool
+    // The storage migration of docs/using.md: rewrite every pool, then drop v1alpha1. bitpool
     // writes the pools' status meanwhile, so a rewrite that loses the race reads again, as a
     // storage migrator does.
     let all: Api<InClusterIPPool> = Api::all(env.client.clone());
