@@ -17,7 +17,7 @@ use crate::ops::diagnostics::Access;
 use crate::ops::events::Events;
 use crate::ops::metrics::Metrics;
 use crate::ops::{self, Ops, lease};
-use crate::{controllers, crds, migrate};
+use crate::{crds, ipam, manager, migrate, runtime};
 
 #[derive(Debug, Parser)]
 #[command(name = "bitpool", version, about = "IP address management for bare-metal Kubernetes", long_about = None)]
@@ -314,8 +314,8 @@ pub enum ControllerGroup {
     Metal3Data,
 }
 
-fn groups(selected: &[ControllerGroup]) -> controllers::Groups {
-    controllers::Groups {
+fn groups(selected: &[ControllerGroup]) -> runtime::Groups {
+    runtime::Groups {
         capi_ipam: selected.contains(&ControllerGroup::CapiIpam),
         metal3_ipam: selected.contains(&ControllerGroup::Metal3Ipam),
         migration_proxy: selected.contains(&ControllerGroup::MigrationProxy),
@@ -646,7 +646,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     } else {
         "v1beta2"
     };
-    let settings = controllers::Settings {
+    let settings = runtime::Settings {
         namespace: args.namespace,
         watch_filter: args.watch_filter,
         ledger_namespace: args.ledger_namespace,
@@ -657,7 +657,7 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         sync_period: args.sync_period,
     };
     let grace = Duration::from_secs(args.shutdown_timeout_seconds);
-    controllers::run(client, settings, ops, stop_on_signal(grace)).await;
+    manager::run(client, settings, ops, stop_on_signal(grace)).await;
     if let Some(election) = election {
         election.resign().await;
     }
@@ -675,9 +675,7 @@ async fn start_ops(
     let identity = lease::identity();
     let (leadership, election) = if flags.leader_elect {
         // The Lease lives in bitpool's own namespace, beside the ledgers.
-        if let Err(e) =
-            controllers::transaction::ensure_namespace(client, &args.ledger_namespace).await
-        {
+        if let Err(e) = ipam::transaction::ensure_namespace(client, &args.ledger_namespace).await {
             tracing::warn!(namespace = %args.ledger_namespace, error = %e, "cannot create the namespace of the leader lease");
         }
         let settings = lease::ElectionSettings {
@@ -931,7 +929,7 @@ mod tests {
 
     #[test]
     fn controller_groups_default_to_all_and_choose_the_crds_required() {
-        assert_eq!(groups(&run_args(&[]).controllers), controllers::Groups::ALL);
+        assert_eq!(groups(&run_args(&[]).controllers), runtime::Groups::ALL);
         let capi = groups(&run_args(&["--controllers=capi-ipam"]).controllers);
         let names = |g| {
             crds::required(g)
@@ -949,7 +947,7 @@ mod tests {
         let bundle = groups(&run_args(&["--controllers", "capi-ipam,metal3-ipam"]).controllers);
         let bundle_crds = names(bundle);
         assert_eq!(bundle_crds.len(), 9, "{bundle_crds:?}");
-        assert_eq!(names(controllers::Groups::ALL).len(), 12);
+        assert_eq!(names(runtime::Groups::ALL).len(), 12);
         let proxy = groups(&run_args(&["--controllers=migration-proxy"]).controllers);
         assert_eq!(proxy.names(), ["migration-proxy"]);
         assert_eq!(names(proxy).len(), 9, "the CAPI kinds and Metal3 IPAM's");

@@ -15,7 +15,7 @@ use kube::runtime::wait::{Condition, conditions};
 use kube::{Client, CustomResourceExt};
 
 use crate::api::{capi, capi_pools, metal3_data, metal3_ipam};
-use crate::controllers::Groups;
+use crate::runtime::Groups;
 
 /// Subdirectory of the CRD directory for the kinds a CAPI installation already has.
 pub const STANDALONE_DIR: &str = "standalone";

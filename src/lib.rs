@@ -3,8 +3,10 @@
 //! - [`alloc`]: the allocation core, where an address is chosen (no Kubernetes in it).
 //! - [`api`]: the Kubernetes kinds bitpool serves and reads, with upstream names.
 //! - [`crds`]: the CustomResourceDefinitions generated from those types.
-//! - [`controllers`]: the IPAM reconcilers (fetch, compute with [`alloc`], apply, write status)
-//!   and the wiring every controller shares.
+//! - [`runtime`]: what every subsystem runs on: watch caches, triggers, the shared context, how
+//!   a controller runs, errors and their retry policy, small object operations.
+//! - [`ipam`]: the IPAM engine: pools of every kind, their ledgers, the migration proxy.
+//! - [`manager`]: the one place that knows every subsystem, and wires and runs them.
 //! - [`metal3data`]: the Metal3Data reconciler (templates, indexes, claims, rendered secrets).
 //! - [`render`]: a host's metaData and networkData from its template, as CAPM3 writes them.
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
@@ -18,12 +20,14 @@ pub mod alloc;
 pub mod api;
 pub mod cli;
 pub mod client;
-pub mod controllers;
 pub mod crds;
+pub mod ipam;
+pub mod manager;
 pub mod metal3data;
 pub mod migrate;
 pub mod net;
 pub mod ops;
 pub mod rbac;
 pub mod render;
+pub mod runtime;
 pub mod webhook;

@@ -17,7 +17,7 @@ use crate::alloc::{self, AddressSpace};
 use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
 use crate::api::labels;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
-use crate::controllers::metal3::to_alloc;
+use crate::ipam::metal3::to_alloc;
 
 /// Why a pool cannot be migrated as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -217,7 +217,7 @@ pub struct Change {
 /// Proves the migration keeps every address: builds the new pool's address space and lets
 /// each pinned claim allocate, as it will after migration.
 pub fn check(migration: &Migration) -> Vec<Change> {
-    let space = AddressSpace::capi(&crate::controllers::capi::to_alloc(&migration.pool.spec));
+    let space = AddressSpace::capi(&crate::ipam::capi::to_alloc(&migration.pool.spec));
     let mut space = match space {
         Ok(space) => space,
         Err(e) => {

@@ -8,7 +8,7 @@ use k8s_openapi::api::rbac::v1::{
 };
 use kube::api::ObjectMeta;
 
-use crate::controllers::Groups;
+use crate::runtime::Groups;
 
 const CAPI_IPAM: &str = "ipam.cluster.x-k8s.io";
 const METAL3_IPAM: &str = "ipam.metal3.io";

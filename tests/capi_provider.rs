@@ -15,7 +15,7 @@ use bitpool::api::capi_pools::{
     InClusterIPPool, InClusterIPPoolSpec,
 };
 use bitpool::api::{AllocationStrategy, labels};
-use bitpool::controllers::WATCH_FILTER_LABEL;
+use bitpool::runtime::WATCH_FILTER_LABEL;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
@@ -893,8 +893,7 @@ async fn replaced_provider_claim(
         metadata: ObjectMeta {
             finalizers: Some(vec![ADDRESS_FINALIZER.into()]),
             owner_references: Some(vec![
-                bitpool::controllers::objects::owner_reference(&claim, true)
-                    .expect("claim has a UID"),
+                bitpool::runtime::objects::owner_reference(&claim, true).expect("claim has a UID"),
             ]),
             ..env.meta(name)
         },
@@ -1021,7 +1020,7 @@ async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
         )
         .await
         .expect("create the foreign owner");
-    let mut foreign = bitpool::controllers::objects::owner_reference(&marker, false)
+    let mut foreign = bitpool::runtime::objects::owner_reference(&marker, false)
         .expect("the ConfigMap has a UID");
     foreign.controller = None;
     foreign.block_owner_deletion = None;
@@ -1057,8 +1056,8 @@ async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
     env.wait_ready("restored", "True", None).await;
     env.wait_ready("new", "True", None).await;
     let owners = |a: &IPAddress| a.metadata.owner_references.clone().unwrap_or_default();
-    let claim_owner = bitpool::controllers::objects::owner_reference(&claim, true).expect("uid");
-    let pool_owner = bitpool::controllers::objects::owner_reference(&pool, false).expect("uid");
+    let claim_owner = bitpool::runtime::objects::owner_reference(&claim, true).expect("uid");
+    let pool_owner = bitpool::runtime::objects::owner_reference(&pool, false).expect("uid");
     let adopted = eventually("the IPAddress adopted", WAIT, || async {
         let address = env.addresses().get("restored").await.ok()?;
         (owners(&address).len() == 3).then_some(address)

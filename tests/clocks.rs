@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use bitpool::api::capi::IPAddressClaim;
-use bitpool::controllers::ledger::REBUILD_FENCE;
+use bitpool::ipam::ledger::REBUILD_FENCE;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams};

@@ -803,13 +803,12 @@ async fn a_full_allocation_record_is_explained_and_recovers() {
     let ledgers: Api<ConfigMap> = env.api();
     let name = env.ledger_name("InClusterIPPool", "wide");
     let stored = ledgers.get(&name).await.expect("the ledger");
-    let mut ledger =
-        bitpool::controllers::ledger::Ledger::from_config_map(&stored).expect("a ledger");
+    let mut ledger = bitpool::ipam::ledger::Ledger::from_config_map(&stored).expect("a ledger");
     for i in 0..20_000u128 {
         let value = (0xfd00_0077u128 << 96) | (i << 64) | 1;
         ledger.insert(std::net::IpAddr::V6(std::net::Ipv6Addr::from(value)));
     }
-    assert!(ledger.bitmap_bytes() >= bitpool::controllers::ledger::MAX_BITMAP_BYTES);
+    assert!(ledger.bitmap_bytes() >= bitpool::ipam::ledger::MAX_BITMAP_BYTES);
     ledgers
         .replace(
             &name,

@@ -10,7 +10,7 @@ use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolRe
 use bitpool::api::metal3_ipam::{
     IPPool, IPPoolSpec, Metal3IPAddress, Metal3IPAddressSpec, Metal3PoolRange,
 };
-use bitpool::controllers::WATCH_FILTER_LABEL;
+use bitpool::runtime::WATCH_FILTER_LABEL;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use support::{Bitpool, TestNamespace, eventually};

@@ -173,8 +173,7 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
         .create(&pp, &stored)
         .await
         .expect("not selected by the webhooks");
-    let label =
-        json!({"metadata": {"labels": {bitpool::controllers::WATCH_FILTER_LABEL: env.name()}}});
+    let label = json!({"metadata": {"labels": {bitpool::runtime::WATCH_FILTER_LABEL: env.name()}}});
     pools
         .patch(
             "stored-before",
@@ -992,17 +991,17 @@ async fn a_pools_checks_read_its_ledger() {
         .create(&PostParams::default(), &pool)
         .await
         .expect("create the pool");
-    let mut ledger = bitpool::controllers::ledger::Ledger::default();
+    let mut ledger = bitpool::ipam::ledger::Ledger::default();
     ledger.reserve(
         "10.93.0.5".parse().expect("an address"),
-        bitpool::controllers::ledger::Reservation {
+        bitpool::ipam::ledger::Reservation {
             claim_namespace: env.name().to_string(),
             claim_name: "in-flight".into(),
             claim_uid: "0b7d1c4e-0000-4000-8000-000000000001".into(),
             since: "2026-12-02T00:00:00Z".into(),
         },
     );
-    bitpool::controllers::ledger::LedgerRef::new(
+    bitpool::ipam::ledger::LedgerRef::new(
         env.client.clone(),
         env.name(),
         "InClusterIPPool",

@@ -3,7 +3,7 @@
 //! outermost layer), and carries what is left of it to the API server as the `timeout` query
 //! parameter ([`Side::Wire`], next to the wire), which ends the request there too. A
 //! write that may only land within a window (an address object's create, see
-//! `controllers::ledger::CREATE_WINDOW`) carries the window's end as its [`Deadline`].
+//! `ipam::ledger::CREATE_WINDOW`) carries the window's end as its [`Deadline`].
 
 use std::task::{Context, Poll};
 use std::time::Duration;

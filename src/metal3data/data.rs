@@ -28,10 +28,10 @@ use crate::api::metal3_hosts::{
     metal3_machine_resource,
 };
 use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
-use crate::controllers::Context;
-use crate::controllers::error::{Call, Error, Verb, object_of};
-use crate::controllers::objects::{self, FinalizerPatch};
 use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
+use crate::runtime::Context;
+use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::objects::{self, FinalizerPatch};
 
 /// How often a Metal3Data that waits on objects bitpool does not watch looks again.
 const WAIT: Duration = Duration::from_secs(10);

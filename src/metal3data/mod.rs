@@ -5,7 +5,7 @@
 //! - [`data`]: Metal3Data — an IP claim of the right kind per referenced pool, the rendered
 //!   metaData and networkData secrets ([`crate::render`]), released on deletion.
 //!
-//! The controllers below run in [`crate::controllers::run`], on the shared watch caches.
+//! The controllers below run in [`crate::manager::run`], on the shared watch caches.
 
 pub mod data;
 pub mod template;
@@ -17,7 +17,8 @@ use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
-use crate::controllers::{Caches, Context, Shared};
+use crate::runtime::Context;
+use crate::runtime::cache::{Caches, Shared};
 
 /// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
 pub(crate) fn template_controller(

@@ -21,9 +21,9 @@ use crate::api::metal3_data::{
     DATA_CLAIM_FINALIZER, IndexEntry, Metal3Data, Metal3DataClaim, Metal3DataSpec,
     Metal3DataTemplate, Metal3ObjectRef, TEMPLATE_FINALIZER,
 };
-use crate::controllers::Context;
-use crate::controllers::error::{Call, Error, Verb, object_of};
-use crate::controllers::objects::{self, FinalizerPatch};
+use crate::runtime::Context;
+use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::objects::{self, FinalizerPatch};
 
 /// How soon to look again after losing a race with another writer.
 const RETRY: Duration = Duration::from_secs(1);

@@ -20,8 +20,8 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
-use crate::controllers::ledger::{Ledger, LedgerRef, Loaded};
-use crate::controllers::pool::{AddressKinds, PoolKey, listed_addresses};
+use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
+use crate::ipam::pool::{AddressKinds, PoolKey, listed_addresses};
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.

@@ -8,7 +8,7 @@ use crate::api::capi_pools::{InClusterIPPoolSpec, InClusterPrefixPoolSpec};
 use crate::api::metal3_data::{Metal3DataTemplateSpec, Networks};
 use crate::api::metal3_ipam::{IPPoolSpec, Metal3IPAddressSpec};
 use crate::api::{AllocationStrategy, metal3_ipam};
-use crate::controllers::{capi, metal3, prefix};
+use crate::ipam::{capi, metal3, prefix};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 

@@ -16,7 +16,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use crate::api::{capi, metal3_ipam};
-use crate::controllers::pool::PoolKey;
+use crate::ipam::pool::PoolKey;
 use crate::net::decisions::Remembered;
 
 /// Decisions by writer and pool.

@@ -586,7 +586,7 @@ pub async fn versions(env: &Env) -> BTreeMap<String, String> {
     collect!(ConfigMap, "ConfigMap");
     let labelled = ListParams::default().labels(&format!(
         "{}={}",
-        bitpool::controllers::WATCH_FILTER_LABEL,
+        bitpool::runtime::WATCH_FILTER_LABEL,
         env.name()
     ));
     for pool in Api::<GlobalInClusterIPPool>::all(env.client.clone())

@@ -423,7 +423,7 @@ impl Env {
             namespace: Some(self.ns.name.clone()),
             labels: Some(
                 [(
-                    bitpool::controllers::WATCH_FILTER_LABEL.to_string(),
+                    bitpool::runtime::WATCH_FILTER_LABEL.to_string(),
                     self.ns.name.clone(),
                 )]
                 .into(),
@@ -443,17 +443,13 @@ impl Env {
     /// namespace as its ledger namespace).
     pub fn ledger_name(&self, kind: &str, pool: &str) -> String {
         let namespace = (!kind.starts_with("Global")).then_some(self.name());
-        bitpool::controllers::ledger::ledger_name(kind, namespace, pool)
+        bitpool::ipam::ledger::ledger_name(kind, namespace, pool)
     }
 
     /// The ledger of this test's pool `kind`/`name`, decoded; `None` when missing or unreadable.
-    pub async fn ledger(
-        &self,
-        kind: &str,
-        pool: &str,
-    ) -> Option<bitpool::controllers::ledger::Ledger> {
+    pub async fn ledger(&self, kind: &str, pool: &str) -> Option<bitpool::ipam::ledger::Ledger> {
         let api: Api<k8s_openapi::api::core::v1::ConfigMap> = self.api();
         let config_map = api.get_opt(&self.ledger_name(kind, pool)).await.ok()??;
-        bitpool::controllers::ledger::Ledger::from_config_map(&config_map).ok()
+        bitpool::ipam::ledger::Ledger::from_config_map(&config_map).ok()
     }
 }

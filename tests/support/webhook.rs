@@ -163,7 +163,7 @@ impl Registered {
                 let config = served.client_config(path.as_str().unwrap_or_default());
                 hook["clientConfig"] = serde_json::to_value(config).expect("client config");
                 hook["objectSelector"] = serde_json::json!({"matchLabels": {
-                    bitpool::controllers::WATCH_FILTER_LABEL: env.name()
+                    bitpool::runtime::WATCH_FILTER_LABEL: env.name()
                 }});
             }
             let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bitpool::api::capi::{IPAddress, IPAddressSpec, IPPoolReference, LocalObjectName};
 use bitpool::api::capi_pools::InClusterIPPool;
-use bitpool::controllers::ledger::{Ledger, LedgerRef};
+use bitpool::ipam::ledger::{Ledger, LedgerRef};
 use bitpool::webhook::{Phase, Webhooks};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};

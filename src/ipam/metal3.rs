@@ -15,7 +15,6 @@ use serde_json::json;
 
 use super::Context;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
-use super::objects;
 use super::pool::{AddressKinds, FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease, Metal3Entry, Metal3Pool};
 use crate::api::capi::Cluster;
@@ -24,6 +23,7 @@ use crate::api::metal3_ipam::{
     IPPool, Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
 };
 use crate::api::{AllocationStrategy, labels};
+use crate::runtime::objects;
 
 /// The allocation core's view of an IPPool spec.
 pub fn to_alloc(pool: &IPPool) -> Metal3Pool {

@@ -11,13 +11,13 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
-use super::error::{Call, Error, Verb};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind};
-use super::objects;
 use super::pool::{AddressKinds, PoolDialect, PoolKey, fresh_addresses};
 use crate::api::capi::{self, IPAddressClaim};
 use crate::api::capi_pools::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
 use crate::api::metal3_ipam::{self, IPClaim, IPPool};
+use crate::runtime::error::{Call, Error, Verb};
+use crate::runtime::objects;
 
 pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
     let Some(key) = PoolKey::of_claim(&claim) else {

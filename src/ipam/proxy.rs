@@ -16,13 +16,13 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::error::{Call, Error, Verb, object_of};
 use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
 use super::metal3::metal3_address;
-use super::objects::{self, FinalizerPatch};
 use super::pool::{self, PoolDialect, PoolKey};
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
+use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::objects::{self, FinalizerPatch};
 
 /// The IPPool controller's reconcile: the pool engine (group `metal3-ipam`), or the proxy when
 /// the pool names a CAPI pool (group `migration-proxy`); a pool of a group that is off is left

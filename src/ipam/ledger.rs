@@ -24,10 +24,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde::{Deserialize, Serialize};
 
-use super::error::{Call, Error, Verb, object_of};
 use crate::alloc::set::AddressSet;
 use crate::alloc::{Family, family};
 use crate::client::clock;
+use crate::runtime::error::{Call, Error, Verb, object_of};
 
 const IPV4_KEY: &str = "ipv4";
 const IPV6_KEY: &str = "ipv6";

@@ -28,17 +28,17 @@ use serde::de::DeserializeOwned;
 
 use super::Context;
 use super::duplicates::{self, SharedAddress};
-use super::error::{Call, Error, Verb};
 use super::intent::{self, Found, Intent, Refusal, Request};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
-use super::objects::{self, FinalizerPatch};
 use super::overlaps::{self, Covered, Overlap};
 use super::transaction;
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::IPPoolReference;
 use crate::api::{capi, metal3_ipam};
 use crate::ops::events::Reason;
+use crate::runtime::error::{Call, Error, Verb};
+use crate::runtime::objects::{self, FinalizerPatch};
 
 /// How many API calls of one kind a reconcile runs at once.
 const PARALLEL_CALLS: usize = 16;
@@ -625,7 +625,7 @@ fn report_foreign<P: PoolDialect>(pool: &P, ctx: &Context, foreign: &[AnyAddress
 }
 
 /// The pools of one kind that hand out addresses, by key, from their cache.
-pub(super) fn covered_pools<Q: PoolDialect>(
+pub fn covered_pools<Q: PoolDialect>(
     store: &Store<Q>,
 ) -> impl Iterator<Item = (PoolKey, Covered)> + use<Q> {
     store

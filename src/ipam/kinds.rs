@@ -11,13 +11,13 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::Context;
-use super::error::{Call, Error, Verb, object_of};
 use super::intent::{ClaimId, Refusal};
-use super::objects::{self, FinalizerPatch};
 use crate::alloc::AllocError;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, LocalObjectName};
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
 use crate::client::deadline::Deadline;
+use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::objects::{self, FinalizerPatch};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClaimKind {
@@ -105,8 +105,8 @@ impl AnyClaim {
     /// `<Kind> <namespace>/<name>`, for logs.
     pub fn describe(&self) -> String {
         match self {
-            AnyClaim::Capi(c) => super::describe(&**c),
-            AnyClaim::Metal3(c) => super::describe(&**c),
+            AnyClaim::Capi(c) => crate::runtime::cache::describe(&**c),
+            AnyClaim::Metal3(c) => crate::runtime::cache::describe(&**c),
         }
     }
 

@@ -13,7 +13,6 @@ use super::Context;
 use super::duplicates;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
-use super::objects;
 use super::overlaps;
 use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
 use crate::alloc::{self, AddressSpace, Lease};
@@ -23,6 +22,7 @@ use crate::api::capi_pools::{
     InClusterIPPoolSpec, InClusterIPPoolStatus,
 };
 use crate::api::{AllocationStrategy, labels};
+use crate::runtime::objects;
 
 /// The allocation core's view of a pool spec.
 pub fn to_alloc(spec: &InClusterIPPoolSpec) -> alloc::CapiPool {
@@ -223,7 +223,7 @@ macro_rules! capi_contract {
         const FINALIZER: &'static str = $crate::api::capi_pools::POOL_FINALIZER;
 
         fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
-            $crate::controllers::capi::claims_of(&self.key(), ctx)
+            $crate::ipam::capi::claims_of(&self.key(), ctx)
         }
 
         fn claim_finalizer(_: ClaimKind) -> &'static str {
@@ -235,7 +235,7 @@ macro_rules! capi_contract {
         }
 
         fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
-            $crate::controllers::capi::addresses_of(&self.key(), ctx, fresh)
+            $crate::ipam::capi::addresses_of(&self.key(), ctx, fresh)
         }
     };
 }

@@ -14,12 +14,12 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::Context;
-use super::error::{Call, Error, Verb, object_of};
 use super::intent::{self, Intent};
 use super::ledger::{Ledger, LedgerRef, Loaded, Stored};
-use super::objects;
 use super::pool::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
 use crate::alloc::AddressSpace;
+use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::objects;
 
 /// Set on a pool before its first reservation: a pool that has it and no ledger has lost its
 /// record.
@@ -257,7 +257,7 @@ pub async fn commit<P: PoolDialect>(
         {
             ctx.keep_space(
                 &key,
-                super::CachedSpace {
+                super::context::CachedSpace {
                     pool: fingerprint.clone(),
                     ledger_version: version,
                     space,

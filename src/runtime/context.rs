@@ -1,22 +1,21 @@
 //! What every reconcile shares: the client, the settings, the watch caches, and a little
-//! process-wide state (cached address spaces, orphan timers, retry counts, shutdown).
+//! process-wide state (retry counts, shutdown).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::error::{self, Error};
-use super::pool::PoolKey;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
-use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
+use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 
 /// Which controllers a process runs (`--controllers`): a CAPI IPAM provider alone, the Metal3
 /// IPAM beside it, the migration proxy, and the Metal3Data reconciler.
@@ -110,34 +109,18 @@ pub struct Context {
     pub state: ProcessState,
 }
 
-/// What a process remembers between reconciles.
+/// What a process remembers between reconciles, whatever it reconciles.
 #[derive(Default)]
 pub struct ProcessState {
-    orphan_since: Mutex<HashMap<PoolKey, Instant>>,
-    spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
     /// Consecutive failed reconciles per object (`<Kind> <namespace>/<name>`).
     failures: Mutex<HashMap<String, u32>>,
-    /// Address objects this process deleted (UID → when), until the watch has caught up: a
-    /// lagging cache still lists them, and they need no check on the server.
-    deleted_addresses: Mutex<HashMap<String, Instant>>,
-    /// Address objects this process created (claim UID → object name, when), until a watch
-    /// lagging behind them (a relist after an API server restart) must have caught up: a claim
-    /// whose object the cache does not show yet is not given a second one.
-    created_addresses: Mutex<HashMap<String, (String, Instant)>>,
     shutdown: AtomicBool,
 }
 
-/// How long an address object this process deleted or created is remembered; a watch lagging
-/// longer costs a check on the server per object, nothing worse.
-const DELETED_MEMORY: Duration = Duration::from_secs(300);
-
-/// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
-/// it from every allocated address.
-pub struct CachedSpace {
-    /// The pool's UID and generation: a new spec means a new space.
-    pub pool: (String, i64),
-    pub ledger_version: String,
-    pub space: crate::alloc::AddressSpace,
+impl AsRef<Context> for Context {
+    fn as_ref(&self) -> &Context {
+        self
+    }
 }
 
 impl Context {
@@ -148,28 +131,6 @@ impl Context {
                 .get(&ObjectRef::new(name).within(namespace))
                 .is_some_and(|c| super::objects::cluster_is_paused(&c))
         })
-    }
-
-    /// Which pool serves claims that name `key`: the one answer every controller asks.
-    /// False when no pool of a kind bitpool serves exists under that name.
-    pub fn pool_exists(&self, key: &PoolKey) -> bool {
-        fn cached<K>(store: &Store<K>, key: &PoolKey) -> bool
-        where
-            K: kube::Resource<DynamicType = ()> + Clone + 'static,
-        {
-            key.object_ref::<K>()
-                .is_some_and(|r| store.get(&r).is_some())
-        }
-        match key.kind.as_str() {
-            "InClusterIPPool" => cached(&self.pools, key),
-            "GlobalInClusterIPPool" => cached(&self.global_pools, key),
-            "InClusterPrefixPool" => cached(&self.prefix_pools, key),
-            "GlobalInClusterPrefixPool" => cached(&self.global_prefix_pools, key),
-            metal3_ipam::POOL_KIND if self.settings.groups.metal3_kinds() => {
-                cached(&self.ippools, key)
-            }
-            _ => false,
-        }
     }
 
     /// Waits until every watch cache holds its initial list: a reconcile that ran before would
@@ -213,77 +174,6 @@ impl Context {
         }
         if let Some(clusters) = &self.clusters {
             ready(clusters).await;
-        }
-    }
-
-    /// The cached space of `key` if it was built for this pool spec and this ledger version.
-    pub fn take_space(
-        &self,
-        key: &PoolKey,
-        pool: &(String, i64),
-        ledger_version: Option<&str>,
-    ) -> Option<crate::alloc::AddressSpace> {
-        let cached = self.state.spaces.lock().ok()?.remove(key)?;
-        (&cached.pool == pool && Some(cached.ledger_version.as_str()) == ledger_version)
-            .then_some(cached.space)
-    }
-
-    pub fn keep_space(&self, key: &PoolKey, cached: CachedSpace) {
-        if let Ok(mut spaces) = self.state.spaces.lock() {
-            spaces.insert(key.clone(), cached);
-        }
-    }
-
-    pub fn orphan_watch(&self, key: &PoolKey) -> Option<Instant> {
-        self.state.orphan_since.lock().ok()?.get(key).copied()
-    }
-
-    pub fn orphan_watch_start(&self, key: &PoolKey) -> Instant {
-        match self.state.orphan_since.lock() {
-            Ok(mut map) => *map.entry(key.clone()).or_insert_with(Instant::now),
-            Err(_) => Instant::now(),
-        }
-    }
-
-    /// Remembers that this process deleted the address object with UID `uid`.
-    pub fn deleted_address(&self, uid: &str) {
-        if let Ok(mut map) = self.state.deleted_addresses.lock() {
-            // Amortised: the old entries go whenever the map has doubled.
-            if map.len() >= 1024 && map.len().is_power_of_two() {
-                map.retain(|_, at| at.elapsed() < DELETED_MEMORY);
-            }
-            map.insert(uid.to_string(), Instant::now());
-        }
-    }
-
-    /// Whether this process deleted the address object with UID `uid` not long ago.
-    pub fn recently_deleted_address(&self, uid: &str) -> bool {
-        self.state
-            .deleted_addresses
-            .lock()
-            .is_ok_and(|map| map.get(uid).is_some_and(|at| at.elapsed() < DELETED_MEMORY))
-    }
-
-    /// Remembers that this process created the address object `name` for the claim `claim_uid`.
-    pub fn created_address(&self, claim_uid: &str, name: &str) {
-        if let Ok(mut map) = self.state.created_addresses.lock() {
-            if map.len() >= 1024 && map.len().is_power_of_two() {
-                map.retain(|_, (_, at)| at.elapsed() < DELETED_MEMORY);
-            }
-            map.insert(claim_uid.to_string(), (name.to_string(), Instant::now()));
-        }
-    }
-
-    /// The address object this process created for the claim `claim_uid` not long ago.
-    pub fn recently_created_address(&self, claim_uid: &str) -> Option<String> {
-        let map = self.state.created_addresses.lock().ok()?;
-        let (name, at) = map.get(claim_uid)?;
-        (at.elapsed() < DELETED_MEMORY).then(|| name.clone())
-    }
-
-    pub fn forget_orphans(&self, key: &PoolKey) {
-        if let Ok(mut map) = self.state.orphan_since.lock() {
-            map.remove(key);
         }
     }
 

@@ -79,7 +79,7 @@ pub fn message(overlaps: &[Overlap]) -> String {
         .collect();
     format!(
         "the pool's addresses overlap those of {}: each pool hands out an address once, but two pools may hand out the same one",
-        super::objects::first_few(&named, ", ")
+        crate::runtime::objects::first_few(&named, ", ")
     )
 }
 

@@ -39,7 +39,7 @@ pub fn message(shared: &[SharedAddress], show: impl Fn(IpAddr) -> String) -> Str
     format!(
         "{} address(es) are held by more than one claim: {}; each stays allocated until one holder is left: delete the object that should not hold it",
         shared.len(),
-        super::objects::first_few(&named, "; ")
+        crate::runtime::objects::first_few(&named, "; ")
     )
 }
 

@@ -1,0 +1,31 @@
+//! The IPAM engine: pools of every kind serving claims of both APIs, one batch per pool.
+//!
+//! - [`pool`]: the pool engine, whatever its dialect;
+//! - [`capi`]: its InClusterIPPool / GlobalInClusterIPPool dialect;
+//! - [`prefix`]: its InClusterPrefixPool / GlobalInClusterPrefixPool dialect (sub-prefixes);
+//! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
+//! - [`kinds`]: the claim and address kinds behind one interface;
+//! - [`ledger`], [`intent`] and [`transaction`]: the per-pool record that makes the API server
+//!   the judge of every allocation, the pure transaction applied to it, and how it is read,
+//!   rebuilt and committed;
+//! - [`duplicates`] and [`overlaps`]: addresses held twice and pools that meet, as pure
+//!   functions;
+//! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
+//! - [`claims`]: claims of either kind whose pool does not exist;
+//! - [`context`]: the runtime's context and what the engine remembers between reconciles.
+
+pub mod capi;
+pub mod claims;
+pub mod context;
+pub mod duplicates;
+pub mod intent;
+pub mod kinds;
+pub mod ledger;
+pub mod metal3;
+pub mod overlaps;
+pub mod pool;
+pub mod prefix;
+pub mod proxy;
+pub mod transaction;
+
+pub use context::{CachedSpace, Context};

@@ -1,0 +1,280 @@
+//! The one place that knows every subsystem: it builds the caches and the shared context, the
+//! IPAM engine's and the Metal3Data reconciler's controllers on them, and runs them all.
+
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future;
+use kube::runtime::Controller;
+use kube::runtime::controller::Config as ControllerConfig;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+
+use crate::api::capi::IPAddressClaim;
+use crate::api::capi_pools::{
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
+};
+use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
+use crate::api::metal3_ipam::{IPClaim, IPPool};
+use crate::ipam::pool::{self, PoolDialect, PoolKey};
+use crate::ipam::{self, claims, proxy, transaction};
+use crate::metal3data;
+use crate::runtime::cache::{Caches, Shared};
+use crate::runtime::controller::{Switch, run_controller};
+use crate::runtime::{Context, Settings, objects};
+
+/// The controllers a process runs (`None` for those of a group that is off).
+struct Controllers {
+    in_cluster: Option<Controller<InClusterIPPool>>,
+    global: Option<Controller<GlobalInClusterIPPool>>,
+    prefix: Option<Controller<InClusterPrefixPool>>,
+    global_prefix: Option<Controller<GlobalInClusterPrefixPool>>,
+    metal3: Option<Controller<IPPool>>,
+    orphan_claims: Option<Controller<IPAddressClaim>>,
+    orphan_ipclaims: Option<Controller<IPClaim>>,
+    templates: Option<Controller<Metal3DataTemplate>>,
+    orphan_data_claims: Option<Controller<Metal3DataClaim>>,
+    datas: Option<Controller<Metal3Data>>,
+}
+
+impl Controllers {
+    /// Every controller of the groups that are on, subscribed to the caches it reads.
+    fn new(
+        caches: &Caches,
+        ctx: &Arc<Context>,
+        stopped: &tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        let config = ControllerConfig::default()
+            .debounce(Duration::from_millis(100))
+            .concurrency(ctx.settings.concurrency);
+        let groups = ctx.settings.groups;
+        let on = Switch {
+            config: &config,
+            stopped,
+            ctx,
+        };
+        let orphan_claims = caches
+            .claims
+            .subscribe()
+            .map(|trigger| Controller::for_shared_stream(trigger, caches.claims.store.clone()));
+        let orphan_ipclaims = caches
+            .ipclaims
+            .subscribe()
+            .map(|trigger| Controller::for_shared_stream(trigger, caches.ipclaims.store.clone()));
+        let (templates, datas, data_claims) =
+            (&caches.data_templates, &caches.datas, &caches.data_claims);
+        Self {
+            in_cluster: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.pools, caches, ctx),
+            ),
+            global: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.global_pools, caches, ctx),
+            ),
+            prefix: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.prefix_pools, caches, ctx),
+            ),
+            global_prefix: on.when(
+                groups.capi_ipam,
+                pool_controller(&caches.global_prefix_pools, caches, ctx),
+            ),
+            metal3: on.when(
+                groups.metal3_pools(),
+                pool_controller(&caches.ippools, caches, ctx),
+            ),
+            orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, orphan_claims),
+            orphan_ipclaims: on.when(groups.metal3_pools(), orphan_ipclaims),
+            templates: on.when(
+                groups.metal3_data,
+                metal3data::template_controller(templates, datas, data_claims),
+            ),
+            orphan_data_claims: on.when(
+                groups.metal3_data,
+                metal3data::orphan_data_claim_controller(data_claims, templates, ctx),
+            ),
+            datas: on.when(
+                groups.metal3_data,
+                metal3data::data_controller(datas, data_claims, caches, ctx),
+            ),
+        }
+    }
+
+    /// Runs them all until they stop (at shutdown): the IPAM engine's on its context, the
+    /// Metal3Data reconciler's on the shared one.
+    async fn run(self, ctx: &Arc<Context>, engine: &Arc<ipam::Context>) {
+        let ipam = future::join5(
+            run_controller(self.in_cluster, pool::reconcile, engine),
+            run_controller(self.global, pool::reconcile, engine),
+            run_controller(self.prefix, pool::reconcile, engine),
+            run_controller(self.global_prefix, pool::reconcile, engine),
+            run_controller(self.metal3, proxy::reconcile, engine),
+        );
+        let rest = future::join5(
+            run_controller(self.orphan_claims, claims::reconcile, engine),
+            run_controller(self.orphan_ipclaims, claims::reconcile_ipclaim, engine),
+            run_controller(self.templates, metal3data::template::reconcile, ctx),
+            run_controller(self.datas, metal3data::data::reconcile, ctx),
+            run_controller(
+                self.orphan_data_claims,
+                metal3data::template::reconcile_claim,
+                ctx,
+            ),
+        );
+        future::join(ipam, rest).await;
+    }
+}
+
+/// Runs every controller until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    ops: Arc<crate::ops::Ops>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    if let Err(e) = transaction::ensure_namespace(&client, &settings.ledger_namespace).await {
+        // Retried by every pool that needs its ledger.
+        tracing::warn!(namespace = %settings.ledger_namespace, error = %e, "cannot create the ledger namespace yet");
+    }
+    let mut caches = Caches::new(&client).await;
+    let ctx = Arc::new(caches.context(&client, &settings, ops));
+    let synced = ctx.clone();
+    tokio::spawn(async move {
+        synced.wait_for_caches().await;
+        synced.ops.mark_caches_synced();
+        tracing::info!("watch caches synced");
+    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let controllers = Controllers::new(&caches, &ctx, &stopped);
+    caches.start(&client, &settings);
+
+    let stopping = ctx.clone();
+    let stop_on_shutdown = async move {
+        shutdown.await;
+        stopping.begin_shutdown();
+        let _ = stop.send(true);
+    };
+    tracing::info!(namespace = ?settings.namespace, watch_filter = ?settings.watch_filter, groups = ?settings.groups, "controllers started");
+    let engine = Arc::new(ipam::Context::new(ctx.clone()));
+    future::join(controllers.run(&ctx, &engine), stop_on_shutdown).await;
+}
+
+/// The Metal3 IPPool a proxy claim works for: the pool of the IPClaim that owns it.
+fn proxied_for(ctx: &Context, claim: &IPAddressClaim) -> Option<PoolKey> {
+    let owner = claim
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "IPClaim")?;
+    let ipclaim = ctx
+        .ipclaims
+        .get(&ObjectRef::new(&owner.name).within(claim.meta().namespace.as_deref()?))?;
+    PoolKey::of_ipclaim(&ipclaim)
+}
+
+/// Maps a changed pool (of any kind) to the pools in `store` whose addresses meet its own.
+fn meeting<P, X>(store: &Store<P>) -> impl Fn(Arc<X>) -> Vec<ObjectRef<P>> + Send + Sync + 'static
+where
+    P: PoolDialect,
+    X: PoolDialect,
+{
+    let store = store.clone();
+    move |changed: Arc<X>| {
+        let Some(covered) = changed.covered() else {
+            return Vec::new();
+        };
+        let key = changed.key();
+        pool::covered_pools(&store)
+            .filter(|(other, theirs)| *other != key && theirs.meets(&covered).is_some())
+            .filter_map(|(other, _)| other.object_ref::<P>())
+            .collect()
+    }
+}
+
+/// A controller for one pool kind, triggered by its pools, the claims and address objects of
+/// either API that name a pool of that kind, and the Clusters of those claims and pools (for
+/// pause and unpause).
+fn pool_controller<P>(
+    pools: &Shared<P>,
+    caches: &Caches,
+    ctx: &Arc<Context>,
+) -> Option<Controller<P>>
+where
+    P: PoolDialect,
+    ObjectRef<P>: Hash + Eq,
+{
+    let (for_claims, for_addresses) = (ctx.clone(), ctx.clone());
+    let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
+        .watches_shared_stream(caches.claims.subscribe()?, move |claim| {
+            let proxied_for = proxied_for(&for_claims, &claim);
+            PoolKey::of_claim(&claim)
+                .into_iter()
+                .chain(proxied_for)
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
+        })
+        .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
+            let claim = address.meta().namespace.as_ref().and_then(|ns| {
+                for_addresses
+                    .claims
+                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))
+            });
+            PoolKey::of_address(&address)
+                .into_iter()
+                .chain(claim.and_then(|c| proxied_for(&for_addresses, &c)))
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
+        })
+        .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
+            PoolKey::of_ipclaim(&claim).and_then(|k| k.object_ref::<P>())
+        })
+        .watches_shared_stream(caches.metal3_addresses.subscribe()?, |address| {
+            PoolKey::of_metal3_address(&address).and_then(|k| k.object_ref::<P>())
+        })
+        // A pool of any kind that comes, changes or goes: the pools it meets say so.
+        .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(caches.global_pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(caches.prefix_pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(
+            caches.global_prefix_pools.subscribe()?,
+            meeting(&pools.store),
+        )
+        .watches_shared_stream(caches.ippools.subscribe()?, meeting(&pools.store));
+    if let Some(clusters) = &caches.clusters {
+        let ctx = ctx.clone();
+        controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {
+            let namespace = cluster.meta().namespace.clone();
+            let name = cluster.meta().name.clone();
+            let of_claims = ctx
+                .claims
+                .state()
+                .into_iter()
+                .filter(|c| {
+                    c.meta().namespace == namespace
+                        && objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta())
+                            == name.as_deref()
+                })
+                .filter_map(|c| PoolKey::of_claim(&c));
+            let of_pools = ctx
+                .ippools
+                .state()
+                .into_iter()
+                .filter(|p| p.meta().namespace == namespace && p.spec.cluster_name == name)
+                .filter_map(|p| {
+                    Some(PoolKey {
+                        kind: "IPPool".into(),
+                        namespace: p.meta().namespace.clone(),
+                        name: p.meta().name.clone()?,
+                    })
+                });
+            of_claims
+                .chain(of_pools)
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
+        });
+    }
+    Some(controller)
+}

@@ -1,0 +1,227 @@
+//! The watch caches every subsystem reads: one watch per kind feeds a shared reflector store
+//! (used as an index) and the triggers of every controller that cares about the kind.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::{StreamExt, future};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use super::context::{Context, Settings};
+use super::trigger;
+use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
+use crate::api::capi_pools::{
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
+};
+use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
+use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
+
+/// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+/// Events buffered per subscriber of a shared watch.
+const SUBSCRIBE_BUFFER: usize = 1024;
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn watch_config(settings: &Settings, filtered: bool) -> watcher::Config {
+    let config = watcher::Config::default().any_semantic();
+    match (&settings.watch_filter, filtered) {
+        (Some(value), true) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
+        _ => config,
+    }
+}
+
+/// A shared cache of `K` kept by one watch, and a way to subscribe to its changes.
+pub(crate) struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
+    pub(crate) store: Store<K>,
+    writer: Option<reflector::store::Writer<K>>,
+    driver: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    ObjectRef<K>: Hash + Eq,
+{
+    pub(crate) fn new() -> Self {
+        let (store, writer) = reflector::store_shared(SUBSCRIBE_BUFFER);
+        Self {
+            store,
+            writer: Some(writer),
+            driver: None,
+        }
+    }
+
+    /// The cache's changes, for a controller's triggers (see [`trigger::eager`]).
+    pub(crate) fn subscribe(&self) -> Option<impl futures::Stream<Item = Arc<K>> + Send + 'static> {
+        Some(trigger::eager(self.writer.as_ref()?.subscribe()?))
+    }
+
+    /// Starts the watch that fills the cache (after every subscriber is registered).
+    fn start(&mut self, api: Api<K>, config: watcher::Config) {
+        let Some(writer) = self.writer.take() else {
+            return;
+        };
+        let kind = K::kind(&()).to_string();
+        let stream = watcher(api, config)
+            .default_backoff()
+            .modify(strip)
+            .reflect_shared(writer)
+            .for_each(move |event| {
+                if let Err(e) = event {
+                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+                }
+                future::ready(())
+            });
+        self.driver = Some(tokio::spawn(stream));
+    }
+}
+
+/// What no reconcile reads, dropped before an object enters a cache: managed fields (often most
+/// of an object's size) and kubectl's copy of the last applied object.
+fn strip<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Drop for Shared<K> {
+    fn drop(&mut self) {
+        if let Some(driver) = &self.driver {
+            driver.abort();
+        }
+    }
+}
+
+/// `<Kind> <namespace>/<name>` (or `<Kind> <name>`), naming an object in logs and retry counts.
+pub(crate) fn describe<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    let name = object.meta().name.as_deref().unwrap_or_default();
+    match object.meta().namespace.as_deref() {
+        Some(ns) => format!("{} {ns}/{name}", K::kind(&())),
+        None => format!("{} {name}", K::kind(&())),
+    }
+}
+
+async fn crd_exists(client: &Client, name: &str) -> bool {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    matches!(crds.get_opt(name).await, Ok(Some(_)))
+}
+
+/// One shared cache per watched kind.
+pub(crate) struct Caches {
+    pub(crate) claims: Shared<IPAddressClaim>,
+    pub(crate) addresses: Shared<IPAddress>,
+    pub(crate) ipclaims: Shared<IPClaim>,
+    pub(crate) metal3_addresses: Shared<Metal3IPAddress>,
+    pub(crate) clusters: Option<Shared<Cluster>>,
+    pub(crate) pools: Shared<InClusterIPPool>,
+    pub(crate) global_pools: Shared<GlobalInClusterIPPool>,
+    pub(crate) prefix_pools: Shared<InClusterPrefixPool>,
+    pub(crate) global_prefix_pools: Shared<GlobalInClusterPrefixPool>,
+    pub(crate) ippools: Shared<IPPool>,
+    pub(crate) data_templates: Shared<Metal3DataTemplate>,
+    pub(crate) datas: Shared<Metal3Data>,
+    pub(crate) data_claims: Shared<Metal3DataClaim>,
+}
+
+impl Caches {
+    /// Empty caches; Clusters are cached only where Cluster API core is installed.
+    pub(crate) async fn new(client: &Client) -> Self {
+        let clusters = crd_exists(client, "clusters.cluster.x-k8s.io")
+            .await
+            .then(Shared::new);
+        if clusters.is_none() {
+            tracing::info!(
+                "Cluster API core is not installed: claims are never paused through a Cluster"
+            );
+        }
+        Self {
+            claims: Shared::new(),
+            addresses: Shared::new(),
+            ipclaims: Shared::new(),
+            metal3_addresses: Shared::new(),
+            clusters,
+            pools: Shared::new(),
+            global_pools: Shared::new(),
+            prefix_pools: Shared::new(),
+            global_prefix_pools: Shared::new(),
+            ippools: Shared::new(),
+            data_templates: Shared::new(),
+            datas: Shared::new(),
+            data_claims: Shared::new(),
+        }
+    }
+
+    /// What every reconcile shares, reading these caches.
+    pub(crate) fn context(
+        &self,
+        client: &Client,
+        settings: &Settings,
+        ops: Arc<crate::ops::Ops>,
+    ) -> Context {
+        Context {
+            client: client.clone(),
+            settings: settings.clone(),
+            claims: self.claims.store.clone(),
+            addresses: self.addresses.store.clone(),
+            clusters: self.clusters.as_ref().map(|c| c.store.clone()),
+            pools: self.pools.store.clone(),
+            global_pools: self.global_pools.store.clone(),
+            prefix_pools: self.prefix_pools.store.clone(),
+            global_prefix_pools: self.global_prefix_pools.store.clone(),
+            ippools: self.ippools.store.clone(),
+            ipclaims: self.ipclaims.store.clone(),
+            metal3_addresses: self.metal3_addresses.store.clone(),
+            data_templates: self.data_templates.store.clone(),
+            datas: self.datas.store.clone(),
+            data_claims: self.data_claims.store.clone(),
+            ops,
+            state: Default::default(),
+        }
+    }
+
+    /// Starts the watches (after every controller subscribed). Kinds of a group that is off may
+    /// have no CRD: their caches stay empty and unwatched.
+    pub(crate) fn start(&mut self, client: &Client, settings: &Settings) {
+        let ns = settings.namespace.as_deref();
+        let (filtered, unfiltered) = (watch_config(settings, true), watch_config(settings, false));
+        self.claims.start(api(client, ns), filtered.clone());
+        self.addresses.start(api(client, ns), unfiltered.clone());
+        if let Some(clusters) = self.clusters.as_mut() {
+            clusters.start(api(client, ns), unfiltered.clone());
+        }
+        self.pools.start(api(client, ns), filtered.clone());
+        self.global_pools
+            .start(Api::all(client.clone()), filtered.clone());
+        self.prefix_pools.start(api(client, ns), filtered.clone());
+        self.global_prefix_pools
+            .start(Api::all(client.clone()), filtered.clone());
+        let groups = settings.groups;
+        if groups.metal3_kinds() {
+            self.ipclaims.start(api(client, ns), filtered.clone());
+            self.metal3_addresses.start(api(client, ns), unfiltered);
+            self.ippools.start(api(client, ns), filtered.clone());
+        }
+        if groups.metal3_data {
+            self.data_templates.start(api(client, ns), filtered.clone());
+            self.datas.start(api(client, ns), filtered.clone());
+            self.data_claims.start(api(client, ns), filtered);
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! What every subsystem runs on, and nothing that belongs to one of them:
+//!
+//! - [`cache`]: one watch per kind, feeding a shared cache and the controllers' triggers
+//!   ([`trigger`]), which never hold a cache up;
+//! - [`context`]: what every reconcile reads (the client, the settings, the caches) and the
+//!   process' retry counts and shutdown;
+//! - [`controller`]: how a controller runs (after the caches sync, while leading, with a retry
+//!   policy per error);
+//! - [`error`]: errors that name the call and the object, split into transient and permanent;
+//! - [`objects`]: small operations on any object (finalizers, conditions, owners, pause,
+//!   get-optional, delete-ignoring-missing).
+
+pub mod cache;
+pub mod context;
+pub mod controller;
+pub mod error;
+pub mod objects;
+pub mod trigger;
+
+pub use cache::WATCH_FILTER_LABEL;
+pub use context::{Context, Groups, Settings};
+pub use error::Error;
