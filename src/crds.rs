@@ -80,7 +80,7 @@ fn webhook_conversion() -> CustomResourceConversion {
 
 /// A Metal3Data kind at v1beta2 (storage, as CAPM3 1.13 and later store it) and v1beta1 (served,
 /// deprecated, as upstream), converted by bitpool's webhook. The v1beta1 schema is v1beta2's in
-/// v1beta1's spelling (see [`crate::webhook::metal3data_conversion`]).
+/// v1beta1's spelling (see [`crate::webhook::convert::metal3data`]).
 fn with_v1beta1(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
     let kind = crd.spec.names.kind.clone();
     let Some(mut v1beta1) = crd.spec.versions.first().cloned() else {
@@ -134,7 +134,7 @@ fn v1beta1_schema(schema: &mut serde_json::Value, kind: &str) {
     if let Some(serde_json::Value::Object(meta_data)) =
         schema.pointer_mut("/properties/spec/properties/metaData/properties")
     {
-        for (v1beta1, v1beta2) in crate::webhook::metal3data_conversion::RENAMED {
+        for (v1beta1, v1beta2) in crate::webhook::convert::metal3data::RENAMED {
             if let Some(list) = meta_data.remove(v1beta2) {
                 meta_data.insert(v1beta1.to_string(), list);
             }

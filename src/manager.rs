@@ -17,7 +17,8 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool};
-use crate::ipam::pool::{self, PoolDialect, PoolKey};
+use crate::ipam::key::{PoolKey, PoolKind};
+use crate::ipam::pool::{self, PoolDialect};
 use crate::ipam::{self, claims, proxy, transaction};
 use crate::metal3data;
 use crate::runtime::cache::{Caches, Shared};
@@ -265,7 +266,7 @@ where
                 .filter(|p| p.meta().namespace == namespace && p.spec.cluster_name == name)
                 .filter_map(|p| {
                     Some(PoolKey {
-                        kind: "IPPool".into(),
+                        kind: PoolKind::Metal3IPPool,
                         namespace: p.meta().namespace.clone(),
                         name: p.meta().name.clone()?,
                     })

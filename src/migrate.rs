@@ -17,7 +17,7 @@ use crate::alloc::{self, AddressSpace};
 use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
 use crate::api::labels;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
-use crate::ipam::metal3::to_alloc;
+use crate::ipam::spec;
 
 /// Why a pool cannot be migrated as it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,12 +102,13 @@ fn entry_ranges(pool: &IPPool, layout: &alloc::pool::Layout) -> Result<Vec<Strin
 /// objects; those of other pools are ignored).
 pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, MigrateError> {
     let key = pool_key(pool);
-    let layout = to_alloc(pool)
-        .layout()
-        .map_err(|source| MigrateError::InvalidPool {
-            pool: key.clone(),
-            source,
-        })?;
+    let layout =
+        spec::metal3_pool(&pool.spec)
+            .layout()
+            .map_err(|source| MigrateError::InvalidPool {
+                pool: key.clone(),
+                source,
+            })?;
     let mut params: Vec<_> = layout
         .segments
         .iter()
@@ -217,7 +218,7 @@ pub struct Change {
 /// Proves the migration keeps every address: builds the new pool's address space and lets
 /// each pinned claim allocate, as it will after migration.
 pub fn check(migration: &Migration) -> Vec<Change> {
-    let space = AddressSpace::capi(&crate::ipam::capi::to_alloc(&migration.pool.spec));
+    let space = AddressSpace::capi(&spec::capi_pool(&migration.pool.spec));
     let mut space = match space {
         Ok(space) => space,
         Err(e) => {

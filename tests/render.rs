@@ -10,7 +10,7 @@ use bitpool::api::metal3_data::Metal3DataTemplateSpec;
 use bitpool::render::{
     self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference, RenderError,
 };
-use bitpool::webhook::metal3data_conversion::{V1BETA1, V1BETA2, convert};
+use bitpool::webhook::convert::metal3data::{V1BETA1, V1BETA2, convert};
 
 /// A template spec written as CAPM3's documentation writes them (v1beta1), read as bitpool's
 /// v1beta2 types through the conversion webhook's code.

@@ -130,7 +130,7 @@ pub struct IPAddressCounts {
 
 /// The pools at `v1alpha1`, the in-cluster provider's first API (before v0.1.0-alpha.3), still
 /// served so that installations that stored it, and manifests written for it, keep working. The
-/// API server converts through bitpool's webhook (`webhook::conversion`).
+/// API server converts through bitpool's webhook (`webhook::convert::pools`).
 pub mod v1alpha1 {
     use kube::CustomResource;
     use schemars::JsonSchema;

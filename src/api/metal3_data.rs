@@ -1,7 +1,7 @@
 //! CAPM3's Metal3DataTemplate, Metal3Data and Metal3DataClaim at
 //! `infrastructure.cluster.x-k8s.io/v1beta2` (what CAPM3 1.13 and later store, and bitpool's
 //! storage version), with pool references by `apiGroup`/`kind`. v1beta1 is served too, through
-//! [`crate::webhook::metal3data_conversion`]; its schema is derived from these types
+//! [`crate::webhook::convert::metal3data`]; its schema is derived from these types
 //! ([`crate::crds`]).
 
 use k8s_openapi::api::core::v1::SecretReference;

@@ -11,32 +11,19 @@ use serde_json::json;
 
 use super::Context;
 use super::duplicates;
+use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
 use super::overlaps;
-use super::pool::{FreshAddresses, PoolDialect, PoolKey, Report};
-use crate::alloc::{self, AddressSpace, Lease};
+use super::pool::{FreshAddresses, PoolDialect, Report};
+use crate::alloc::{AddressSpace, Lease};
 use crate::api::capi::{IPAddress, IPAddressSpec, LocalObjectName};
 use crate::api::capi_pools::{
     ADDRESS_FINALIZER, GlobalInClusterIPPool, IPAddressCounts, InClusterIPPool,
     InClusterIPPoolSpec, InClusterIPPoolStatus,
 };
-use crate::api::{AllocationStrategy, labels};
+use crate::api::labels;
 use crate::runtime::objects;
-
-/// The allocation core's view of a pool spec.
-pub fn to_alloc(spec: &InClusterIPPoolSpec) -> alloc::CapiPool {
-    alloc::CapiPool {
-        addresses: spec.addresses.clone(),
-        prefix: i64::from(spec.prefix),
-        gateway: spec.gateway.clone(),
-        excluded_addresses: spec.excluded_addresses.clone(),
-        allocate_reserved: spec.allocate_reserved_ip_addresses,
-        pre_allocations: spec.pre_allocations.clone(),
-        strategy: AllocationStrategy::for_core(spec.allocation_strategy),
-        dns_servers: spec.dns_servers.clone(),
-    }
-}
 
 /// The spec and status both CAPI pool kinds share.
 trait CapiPool: Resource<DynamicType = ()> {
@@ -247,7 +234,8 @@ macro_rules! capi_dialect {
         capi_contract!();
 
         fn space(&self) -> Result<AddressSpace, String> {
-            AddressSpace::capi(&to_alloc(self.pool_spec())).map_err(|e| e.to_string())
+            AddressSpace::capi(&$crate::ipam::spec::capi_pool(self.pool_spec()))
+                .map_err(|e| e.to_string())
         }
 
         fn reuse_grace(&self) -> Option<Duration> {
@@ -271,6 +259,7 @@ macro_rules! capi_dialect {
 }
 
 impl PoolDialect for InClusterIPPool {
+    const KIND: PoolKind = PoolKind::InClusterIPPool;
     capi_dialect!();
 
     fn api_for(&self, client: Client) -> Api<Self> {
@@ -279,6 +268,7 @@ impl PoolDialect for InClusterIPPool {
 }
 
 impl PoolDialect for GlobalInClusterIPPool {
+    const KIND: PoolKind = PoolKind::GlobalInClusterIPPool;
     capi_dialect!();
 
     fn api_for(&self, client: Client) -> Api<Self> {

@@ -11,11 +11,12 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
+use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind};
-use super::pool::{AddressKinds, PoolDialect, PoolKey, fresh_addresses};
+use super::pool::{AddressKinds, PoolDialect, fresh_addresses};
 use crate::api::capi::{self, IPAddressClaim};
 use crate::api::capi_pools::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
-use crate::api::metal3_ipam::{self, IPClaim, IPPool};
+use crate::api::metal3_ipam::{IPClaim, IPPool};
 use crate::runtime::error::{Call, Error, Verb};
 use crate::runtime::objects;
 
@@ -23,7 +24,7 @@ pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<
     let Some(key) = PoolKey::of_claim(&claim) else {
         return Ok(Action::await_change()); // another provider's claim
     };
-    if key.kind == metal3_ipam::POOL_KIND && !ctx.settings.groups.metal3_ipam {
+    if key.kind == PoolKind::Metal3IPPool && !ctx.settings.groups.metal3_ipam {
         return Ok(Action::await_change()); // Metal3 IPAM serves these here
     }
     if ctx.pool_exists(&key) || objects::is_paused(claim.meta()) {
@@ -78,7 +79,7 @@ pub async fn reconcile_ipclaim(claim: Arc<IPClaim>, ctx: Arc<Context>) -> Result
 /// The finalizers a claim of `kind` carries on a pool of `key`'s kind, and its address
 /// objects carry.
 fn finalizers(key: &PoolKey, kind: ClaimKind) -> (&'static str, &'static str) {
-    if key.kind == metal3_ipam::POOL_KIND {
+    if key.kind == PoolKind::Metal3IPPool {
         (
             IPPool::claim_finalizer(kind),
             IPPool::address_finalizer(kind),
@@ -97,8 +98,8 @@ async fn release_orphan(ctx: &Context, claim: &AnyClaim, key: &PoolKey) -> Resul
         return Ok(Action::await_change());
     }
     let namespace = claim.namespace();
-    let kinds = match key.kind.as_str() {
-        metal3_ipam::POOL_KIND => AddressKinds::CapiAndMetal3,
+    let kinds = match key.kind {
+        PoolKind::Metal3IPPool => AddressKinds::CapiAndMetal3,
         _ => AddressKinds::Capi,
     };
     let fresh = fresh_addresses(&ctx.client, Some(&namespace), kinds)

@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
 
-use super::pool::PoolKey;
-use crate::api::metal3_ipam;
+use super::key::{PoolKey, PoolKind};
 use crate::runtime;
 
 /// How long an address object this process deleted or created is remembered; a watch lagging
@@ -79,15 +78,14 @@ impl Context {
             key.object_ref::<K>()
                 .is_some_and(|r| store.get(&r).is_some())
         }
-        match key.kind.as_str() {
-            "InClusterIPPool" => cached(&self.shared.pools, key),
-            "GlobalInClusterIPPool" => cached(&self.shared.global_pools, key),
-            "InClusterPrefixPool" => cached(&self.shared.prefix_pools, key),
-            "GlobalInClusterPrefixPool" => cached(&self.shared.global_prefix_pools, key),
-            metal3_ipam::POOL_KIND if self.shared.settings.groups.metal3_kinds() => {
-                cached(&self.shared.ippools, key)
+        match key.kind {
+            PoolKind::InClusterIPPool => cached(&self.shared.pools, key),
+            PoolKind::GlobalInClusterIPPool => cached(&self.shared.global_pools, key),
+            PoolKind::InClusterPrefixPool => cached(&self.shared.prefix_pools, key),
+            PoolKind::GlobalInClusterPrefixPool => cached(&self.shared.global_prefix_pools, key),
+            PoolKind::Metal3IPPool => {
+                self.shared.settings.groups.metal3_kinds() && cached(&self.shared.ippools, key)
             }
-            _ => false,
         }
     }
 

@@ -446,10 +446,10 @@ pub enum AnyAddress {
 
 impl AnyAddress {
     /// The pool the object says it is from.
-    pub fn pool_key(&self) -> Option<super::pool::PoolKey> {
+    pub fn pool_key(&self) -> Option<super::key::PoolKey> {
         match self {
-            AnyAddress::Capi(a) => super::pool::PoolKey::of_address(a),
-            AnyAddress::Metal3(a) => super::pool::PoolKey::of_metal3_address(a),
+            AnyAddress::Capi(a) => super::key::PoolKey::of_address(a),
+            AnyAddress::Metal3(a) => super::key::PoolKey::of_metal3_address(a),
         }
     }
 

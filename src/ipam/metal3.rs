@@ -14,40 +14,18 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
-use super::pool::{AddressKinds, FreshAddresses, PoolDialect, PoolKey, Report};
-use crate::alloc::{self, AddressSpace, Lease, Metal3Entry, Metal3Pool};
+use super::pool::{AddressKinds, FreshAddresses, PoolDialect, Report};
+use super::spec;
+use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::Cluster;
+use crate::api::labels;
 use crate::api::metal3_ipam::{
     ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPClaim,
     IPPool, Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
 };
-use crate::api::{AllocationStrategy, labels};
 use crate::runtime::objects;
-
-/// The allocation core's view of an IPPool spec.
-pub fn to_alloc(pool: &IPPool) -> Metal3Pool {
-    Metal3Pool {
-        entries: pool
-            .spec
-            .pools
-            .iter()
-            .map(|e| Metal3Entry {
-                start: e.start.clone(),
-                end: e.end.clone(),
-                subnet: e.subnet.clone(),
-                prefix: e.prefix.map(i64::from),
-                gateway: e.gateway.clone(),
-                dns_servers: e.dns_servers.clone(),
-            })
-            .collect(),
-        prefix: pool.spec.prefix.map(i64::from),
-        gateway: pool.spec.gateway.clone(),
-        dns_servers: pool.spec.dns_servers.clone(),
-        pre_allocations: pool.spec.pre_allocations.clone(),
-        strategy: AllocationStrategy::for_core(pool.spec.allocation_strategy),
-    }
-}
 
 /// Upstream's address object name: `<namePrefix>-<address with . and : as ->`, without
 /// trailing dashes (`p-fd00--1` for `fd00::1`).
@@ -105,6 +83,7 @@ impl IPPool {
 }
 
 impl PoolDialect for IPPool {
+    const KIND: PoolKind = PoolKind::Metal3IPPool;
     const ADDRESS_KINDS: AddressKinds = AddressKinds::CapiAndMetal3;
     const FINALIZER: &'static str = POOL_FINALIZER;
 
@@ -113,7 +92,7 @@ impl PoolDialect for IPPool {
     }
 
     fn space(&self) -> Result<AddressSpace, String> {
-        AddressSpace::metal3(&to_alloc(self)).map_err(|e| e.to_string())
+        AddressSpace::metal3(&spec::metal3_pool(&self.spec)).map_err(|e| e.to_string())
     }
 
     fn paused_by_cluster(&self, ctx: &Context) -> bool {

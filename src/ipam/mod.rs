@@ -4,6 +4,7 @@
 //! - [`capi`]: its InClusterIPPool / GlobalInClusterIPPool dialect;
 //! - [`prefix`]: its InClusterPrefixPool / GlobalInClusterPrefixPool dialect (sub-prefixes);
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
+//! - [`key`]: the pool kinds and which pool an object belongs to;
 //! - [`kinds`]: the claim and address kinds behind one interface;
 //! - [`ledger`], [`intent`] and [`transaction`]: the per-pool record that makes the API server
 //!   the judge of every allocation, the pure transaction applied to it, and how it is read,
@@ -12,6 +13,7 @@
 //!   functions;
 //! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
 //! - [`claims`]: claims of either kind whose pool does not exist;
+//! - [`spec`]: pool specs as the allocation core reads them;
 //! - [`context`]: the runtime's context and what the engine remembers between reconciles.
 
 pub mod capi;
@@ -19,6 +21,7 @@ pub mod claims;
 pub mod context;
 pub mod duplicates;
 pub mod intent;
+pub mod key;
 pub mod kinds;
 pub mod ledger;
 pub mod metal3;
@@ -26,6 +29,7 @@ pub mod overlaps;
 pub mod pool;
 pub mod prefix;
 pub mod proxy;
+pub mod spec;
 pub mod transaction;
 
 pub use context::{CachedSpace, Context};

@@ -29,12 +29,12 @@ use serde::de::DeserializeOwned;
 use super::Context;
 use super::duplicates::{self, SharedAddress};
 use super::intent::{self, Found, Intent, Refusal, Request};
+use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Created, FetchError, NewAddress, Outcome};
 use super::ledger::{self, Ledger, LedgerRef};
 use super::overlaps::{self, Covered, Overlap};
 use super::transaction;
 use crate::alloc::{self, AddressSpace, Lease};
-use crate::api::capi::IPPoolReference;
 use crate::api::{capi, metal3_ipam};
 use crate::ops::events::Reason;
 use crate::runtime::error::{Call, Error, Verb};
@@ -50,104 +50,6 @@ const BATCH: usize = 500;
 const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Re-check of a pool whose claims wait for a free address.
 const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
-
-/// Which pool a claim or an address object belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct PoolKey {
-    pub kind: String,
-    /// `None` for a cluster-scoped pool.
-    pub namespace: Option<String>,
-    pub name: String,
-}
-
-impl PoolKey {
-    /// The namespace of the bitpool pool a CAPI `poolRef` names, seen from an object in
-    /// `namespace`: that namespace for a namespaced pool, `Some(None)` for a cluster-scoped one,
-    /// `None` for a kind bitpool does not serve.
-    fn scope_of<'a>(
-        pool_ref: &IPPoolReference,
-        namespace: Option<&'a str>,
-    ) -> Option<Option<&'a str>> {
-        match (pool_ref.api_group.as_str(), pool_ref.kind.as_str()) {
-            (capi::GROUP, "InClusterIPPool" | "InClusterPrefixPool")
-            | (metal3_ipam::GROUP, metal3_ipam::POOL_KIND) => Some(namespace),
-            (capi::GROUP, "GlobalInClusterIPPool" | "GlobalInClusterPrefixPool") => Some(None),
-            _ => None,
-        }
-    }
-
-    /// The bitpool pool a CAPI `poolRef` names, seen from an object in `namespace`.
-    pub fn of_ref(pool_ref: &IPPoolReference, namespace: &str) -> Option<Self> {
-        Some(Self {
-            kind: pool_ref.kind.clone(),
-            namespace: Self::scope_of(pool_ref, Some(namespace))?.map(str::to_string),
-            name: pool_ref.name.clone(),
-        })
-    }
-
-    /// Whether a CAPI `poolRef` seen from `namespace` names this pool, as [`Self::of_ref`]
-    /// would say, without building a key: it is asked of every object in a cache.
-    pub fn is_named_by(&self, pool_ref: &IPPoolReference, namespace: Option<&str>) -> bool {
-        Self::scope_of(pool_ref, namespace).is_some_and(|scope| {
-            pool_ref.name == self.name
-                && pool_ref.kind == self.kind
-                && scope == self.namespace.as_deref()
-        })
-    }
-
-    pub fn of_claim(claim: &capi::IPAddressClaim) -> Option<Self> {
-        Self::of_ref(&claim.spec.pool_ref, &claim.namespace()?)
-    }
-
-    pub fn of_address(address: &capi::IPAddress) -> Option<Self> {
-        Self::of_ref(&address.spec.pool_ref, &address.namespace()?)
-    }
-
-    /// The Metal3 IPPool an IPClaim names (always in the claim's own namespace: upstream
-    /// serves no other).
-    pub fn of_ipclaim(claim: &metal3_ipam::IPClaim) -> Option<Self> {
-        let namespace = claim.namespace()?;
-        let pool = &claim.spec.pool;
-        if pool
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| !ns.is_empty() && *ns != namespace)
-        {
-            return None;
-        }
-        Some(Self {
-            kind: metal3_ipam::POOL_KIND.to_string(),
-            namespace: Some(namespace),
-            name: pool.name.clone()?,
-        })
-    }
-
-    pub fn of_metal3_address(address: &metal3_ipam::Metal3IPAddress) -> Option<Self> {
-        Some(Self {
-            kind: metal3_ipam::POOL_KIND.to_string(),
-            namespace: Some(address.namespace()?),
-            name: address.spec.pool.name.clone()?,
-        })
-    }
-
-    /// The reconcile request for this pool, if it is of kind `P`.
-    pub fn object_ref<P: Resource<DynamicType = ()>>(&self) -> Option<ObjectRef<P>> {
-        (self.kind == P::kind(&())).then(|| {
-            let r = ObjectRef::new(&self.name);
-            match &self.namespace {
-                Some(ns) => r.within(ns),
-                None => r,
-            }
-        })
-    }
-
-    pub fn describe(&self) -> String {
-        match &self.namespace {
-            Some(ns) => format!("{} {ns}/{}", self.kind, self.name),
-            None => format!("{} {}", self.kind, self.name),
-        }
-    }
-}
 
 /// What a pool's status reports, taken from its address space after a transaction.
 pub struct Usage {
@@ -191,13 +93,14 @@ pub trait PoolDialect:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize + Send + Sync + 'static
 {
     const FINALIZER: &'static str;
+    const KIND: PoolKind;
     /// The address kinds this pool's addresses can be of. Only Metal3 IPPools hold Metal3
     /// IPAddresses, and a cluster that runs no Metal3 controller need not have their CRD.
     const ADDRESS_KINDS: AddressKinds = AddressKinds::Capi;
 
     fn key(&self) -> PoolKey {
         PoolKey {
-            kind: Self::kind(&()).to_string(),
+            kind: Self::KIND,
             namespace: self.namespace(),
             name: self.name_any(),
         }
@@ -901,11 +804,11 @@ async fn transact<P: PoolDialect>(
         None => Default::default(),
     };
     let metrics = &ctx.ops.metrics;
-    metrics.allocated(&pool.key().kind, batch.second.confirm.len());
+    metrics.allocated(P::KIND.as_str(), batch.second.confirm.len());
     let released = batch.second.release.len()
         + batch.second.release_claims.len()
         + batch.second.release_unbound.len();
-    metrics.released(&pool.key().kind, released);
+    metrics.released(P::KIND.as_str(), released);
     if let Some(usage) = &usage {
         metrics.pool_usage(&pool_labels(&pool.key()), &usage.counts);
     }
@@ -1834,7 +1737,7 @@ async fn finish_pool_deletion<P: PoolDialect>(pool: &P, ctx: &Context) -> Result
 /// A pool as its metrics name it.
 fn pool_labels(key: &PoolKey) -> crate::ops::metrics::PoolLabels {
     crate::ops::metrics::PoolLabels {
-        kind: key.kind.clone(),
+        kind: key.kind.to_string(),
         namespace: key.namespace.clone().unwrap_or_default(),
         name: key.name.clone(),
     }
@@ -1953,46 +1856,6 @@ mod tests {
             assert_eq!(index[&key("d")].name(), "p-10-0-0-3", "{case}");
             let extras: Vec<String> = extras.iter().map(AnyAddress::name).collect();
             assert_eq!(extras, [extra], "{case}");
-        }
-    }
-
-    /// The allocation-free check says what building the key would say, for every combination.
-    #[test]
-    fn is_named_by_agrees_with_of_ref() {
-        let kinds = [
-            (capi::GROUP, "InClusterIPPool"),
-            (capi::GROUP, "GlobalInClusterIPPool"),
-            (capi::GROUP, "InClusterPrefixPool"),
-            (capi::GROUP, "GlobalInClusterPrefixPool"),
-            (metal3_ipam::GROUP, metal3_ipam::POOL_KIND),
-            ("other.example", "InClusterIPPool"),
-        ];
-        let refs: Vec<IPPoolReference> = kinds
-            .iter()
-            .flat_map(|(group, kind)| {
-                ["a", "b"].map(|name| IPPoolReference {
-                    name: name.into(),
-                    kind: kind.to_string(),
-                    api_group: group.to_string(),
-                })
-            })
-            .collect();
-        let namespaces = ["ns1", "ns2"];
-        let keys: Vec<PoolKey> = refs
-            .iter()
-            .flat_map(|r| namespaces.iter().filter_map(|ns| PoolKey::of_ref(r, ns)))
-            .collect();
-        for key in &keys {
-            for r in &refs {
-                for ns in namespaces {
-                    let built = PoolKey::of_ref(r, ns);
-                    assert_eq!(
-                        key.is_named_by(r, Some(ns)),
-                        built.as_ref() == Some(key),
-                        "{key:?} {r:?} {ns}"
-                    );
-                }
-            }
         }
     }
 }

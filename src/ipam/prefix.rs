@@ -14,27 +14,15 @@ use kube::{Client, Resource, ResourceExt};
 use super::Context;
 use super::capi::{capi_address, capi_contract, global_preallocation_key, status_patch};
 use super::intent::Refusal;
+use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::overlaps::Covered;
 use super::pool::{FreshAddresses, PoolDialect, Report};
 use crate::alloc::{self, AddressSpace, AllocError, Family, Lease, Numbering};
-use crate::api::AllocationStrategy;
 use crate::api::capi_pools::{
     ADDRESS_FINALIZER, GlobalInClusterPrefixPool, InClusterIPPoolStatus, InClusterPrefixPool,
     InClusterPrefixPoolSpec,
 };
-
-/// The allocation core's view of a prefix pool spec.
-pub fn to_alloc(spec: &InClusterPrefixPoolSpec) -> alloc::PrefixPool {
-    alloc::PrefixPool {
-        prefixes: spec.prefixes.clone(),
-        allocation_prefix_length: i64::from(spec.allocation_prefix_length),
-        excluded_prefixes: spec.excluded_prefixes.clone(),
-        gateway: spec.gateway.clone(),
-        pre_allocations: spec.pre_allocations.clone(),
-        strategy: AllocationStrategy::for_core(spec.allocation_strategy),
-    }
-}
 
 /// The allocation length, defaulted as upstream does (asked once per address object: no copy of
 /// the spec).
@@ -123,7 +111,7 @@ macro_rules! prefix_dialect {
         }
 
         fn space(&self) -> Result<AddressSpace, String> {
-            to_alloc(self.pool_spec())
+            $crate::ipam::spec::prefix_pool(self.pool_spec())
                 .space()
                 .map(|(space, _)| space)
                 .map_err(|e| e.to_string())
@@ -131,7 +119,9 @@ macro_rules! prefix_dialect {
 
         /// The addresses its sub-prefixes cover.
         fn covered(&self) -> Option<Covered> {
-            let (space, numbering) = to_alloc(self.pool_spec()).space().ok()?;
+            let (space, numbering) = $crate::ipam::spec::prefix_pool(self.pool_spec())
+                .space()
+                .ok()?;
             Some(Covered {
                 family: space.family(),
                 ranges: space
@@ -186,6 +176,7 @@ macro_rules! prefix_dialect {
 }
 
 impl PoolDialect for InClusterPrefixPool {
+    const KIND: PoolKind = PoolKind::InClusterPrefixPool;
     prefix_dialect!();
 
     fn api_for(&self, client: Client) -> Api<Self> {
@@ -194,6 +185,7 @@ impl PoolDialect for InClusterPrefixPool {
 }
 
 impl PoolDialect for GlobalInClusterPrefixPool {
+    const KIND: PoolKind = PoolKind::GlobalInClusterPrefixPool;
     prefix_dialect!();
 
     fn api_for(&self, client: Client) -> Api<Self> {

@@ -16,9 +16,10 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::key::PoolKey;
 use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
 use super::metal3::metal3_address;
-use super::pool::{self, PoolDialect, PoolKey};
+use super::pool::{self, PoolDialect};
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
 use crate::runtime::error::{Call, Error, Verb, object_of};

@@ -248,7 +248,7 @@ pub async fn commit<P: PoolDialect>(
         };
         let Some(written) = written else {
             tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
-            ctx.ops.metrics.ledger_conflict(&key.kind);
+            ctx.ops.metrics.ledger_conflict(key.kind.as_str());
             continue;
         };
         let usage = space.as_ref().map(Usage::of);

@@ -10,8 +10,9 @@ use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::convert::pools;
 use super::rules::{self, Held, Reference};
-use super::{Phase, Webhooks, conversion, writers};
+use super::{Phase, Webhooks, writers};
 use crate::alloc::{Layout, Numbering};
 use crate::api::capi::{self, IPPoolReference};
 use crate::api::capi_pools::{
@@ -20,8 +21,9 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
+use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
-use crate::ipam::pool::{AddressKinds, PoolKey, listed_addresses};
+use crate::ipam::pool::{AddressKinds, listed_addresses};
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.
@@ -159,9 +161,8 @@ fn decode<K: DeserializeOwned>(
         reason,
     };
     let mut value = serde_json::to_value(object).map_err(|e| decode_error(e.to_string()))?;
-    if value["apiVersion"] == conversion::V1ALPHA1 && conversion::KINDS.contains(&kind) {
-        value = conversion::convert(value, conversion::V1ALPHA2)
-            .map_err(|e| decode_error(e.to_string()))?;
+    if value["apiVersion"] == pools::V1ALPHA1 && pools::KINDS.contains(&kind) {
+        value = pools::convert(value, pools::V1ALPHA2).map_err(|e| decode_error(e.to_string()))?;
     }
     serde_json::from_value(value)
         .map(Some)
@@ -604,7 +605,7 @@ impl Webhooks {
         let old = decode::<IPClaim>("IPClaim", request.old_object.as_ref())?;
         let mut problems = rules::ipclaim(old.as_ref().map(reference).as_ref(), &reference(&new));
         let key = PoolKey {
-            kind: metal3_ipam::POOL_KIND.to_string(),
+            kind: PoolKind::Metal3IPPool,
             namespace: reference(&new).namespace.or(request.namespace.clone()),
             name: reference(&new).name,
         };
@@ -663,7 +664,7 @@ impl Webhooks {
             .annotations()
             .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
             .cloned();
-        if key.kind.ends_with("PrefixPool") {
+        if key.kind.is_prefix() {
             let pool = self.prefix_pool_layout(&key).await?;
             return Ok(rules::requested_prefix(requested.as_deref(), pool.as_ref()));
         }
@@ -703,16 +704,18 @@ impl Webhooks {
             self.client.clone(),
             key.namespace.as_deref().unwrap_or_default(),
         );
-        Ok(match key.kind.as_str() {
-            "InClusterIPPool" => get(
+        Ok(match key.kind {
+            PoolKind::InClusterIPPool => get(
                 &Api::<InClusterIPPool>::namespaced(client, namespace),
                 &key.name,
             )
             .await?
             .and_then(|p| rules::capi_pool(&p.spec).ok()),
-            "GlobalInClusterIPPool" => get(&Api::<GlobalInClusterIPPool>::all(client), &key.name)
-                .await?
-                .and_then(|p| rules::capi_pool(&p.spec.pool).ok()),
+            PoolKind::GlobalInClusterIPPool => {
+                get(&Api::<GlobalInClusterIPPool>::all(client), &key.name)
+                    .await?
+                    .and_then(|p| rules::capi_pool(&p.spec.pool).ok())
+            }
             _ => get(&Api::<IPPool>::namespaced(client, namespace), &key.name)
                 .await?
                 .and_then(|p| rules::metal3_pool(&p.spec).ok()),
@@ -823,7 +826,7 @@ mod tests {
 
     #[test]
     fn a_v1alpha1_pool_is_judged_after_conversion() {
-        let object = serde_json::json!({"apiVersion": conversion::V1ALPHA1, "kind": "InClusterIPPool", "metadata": {"name": "p"}, "spec": {"subnet": "10.0.0.0/30"}});
+        let object = serde_json::json!({"apiVersion": pools::V1ALPHA1, "kind": "InClusterIPPool", "metadata": {"name": "p"}, "spec": {"subnet": "10.0.0.0/30"}});
         let request = request(object, (capi::GROUP, "v1alpha1", "InClusterIPPool"));
         let pool = decode::<InClusterIPPool>("InClusterIPPool", request.object.as_ref())
             .expect("decodes")

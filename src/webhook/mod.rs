@@ -4,14 +4,12 @@
 //! - [`rules`]: what is allowed, as plain functions;
 //! - [`admission`]: AdmissionReviews: which rules apply to which object, and the cluster state
 //!   (allocated addresses, the pool a claim names) they need;
-//! - [`conversion`]: the v1alpha1 ↔ v1alpha2 pool conversion, and the routing of every
-//!   ConversionReview;
-//! - [`metal3data_conversion`]: the v1beta1 ↔ v1beta2 conversion of the Metal3Data kinds;
+//! - [`convert`]: the routing of every ConversionReview, to the v1alpha1 ↔ v1alpha2 pool
+//!   conversion and the v1beta1 ↔ v1beta2 conversion of the Metal3Data kinds;
 //! - [`writers`]: who may create the address objects of a pool bitpool allocates from.
 
 pub mod admission;
-pub mod conversion;
-pub mod metal3data_conversion;
+pub mod convert;
 pub mod rules;
 pub mod server;
 pub mod writers;
@@ -42,6 +40,6 @@ pub struct Webhooks {
 impl Webhooks {
     /// Answers a ConversionReview.
     pub fn convert(&self, body: &[u8]) -> Result<Vec<u8>, String> {
-        conversion::review(body)
+        convert::review(body)
     }
 }

@@ -8,7 +8,7 @@ use crate::api::capi_pools::{InClusterIPPoolSpec, InClusterPrefixPoolSpec};
 use crate::api::metal3_data::{Metal3DataTemplateSpec, Networks};
 use crate::api::metal3_ipam::{IPPoolSpec, Metal3IPAddressSpec};
 use crate::api::{AllocationStrategy, metal3_ipam};
-use crate::ipam::{capi, metal3, prefix};
+use crate::ipam::spec;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -76,7 +76,7 @@ pub fn capi_pool(spec: &InClusterIPPoolSpec) -> Result<Layout, Vec<String>> {
     if !problems.is_empty() {
         return Err(problems);
     }
-    capi::to_alloc(spec)
+    spec::capi_pool(spec)
         .layout()
         .map_err(|e| vec![spec_error(&e)])
 }
@@ -84,7 +84,7 @@ pub fn capi_pool(spec: &InClusterIPPoolSpec) -> Result<Layout, Vec<String>> {
 /// What an InClusterIPPool or GlobalInClusterIPPool may have but is worth a second look: a
 /// gateway outside the pool's subnet (valid, as upstream has it: link-local IPv6 gateways are).
 pub fn capi_pool_warnings(spec: &InClusterIPPoolSpec) -> Vec<String> {
-    capi::to_alloc(spec)
+    spec::capi_pool(spec)
         .gateway_outside_subnet()
         .map(|subnet| {
             format!(
@@ -132,7 +132,7 @@ pub fn prefix_pool(spec: &InClusterPrefixPoolSpec) -> Result<(Layout, Numbering)
             spec.allocation_prefix_length
         )]);
     }
-    prefix::to_alloc(spec)
+    spec::prefix_pool(spec)
         .layout()
         .map_err(|e| vec![spec_error(&e)])
 }
@@ -182,7 +182,7 @@ pub fn metal3_pool(spec: &IPPoolSpec) -> Result<Layout, Vec<String>> {
     if !problems.is_empty() {
         return Err(problems);
     }
-    let pool = metal3::to_alloc(&metal3_ipam::IPPool::new("", spec.clone()));
+    let pool = spec::metal3_pool(spec);
     let layout = pool.layout().map_err(|e| vec![spec_error(&e)])?;
     let outside: Vec<String> = layout
         .pre_allocations_outside

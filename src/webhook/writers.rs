@@ -15,30 +15,17 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use crate::api::{capi, metal3_ipam};
-use crate::ipam::pool::PoolKey;
+use crate::ipam::key::PoolKey;
 use crate::net::decisions::Remembered;
 
 /// Decisions by writer and pool.
 #[derive(Default)]
 pub struct Writers(Remembered<String, bool>);
 
-/// The resource a pool kind is written as, with its group.
-fn resource_of(kind: &str) -> Option<(&'static str, &'static str)> {
-    Some(match kind {
-        "InClusterIPPool" => (capi::GROUP, "inclusterippools"),
-        "GlobalInClusterIPPool" => (capi::GROUP, "globalinclusterippools"),
-        "InClusterPrefixPool" => (capi::GROUP, "inclusterprefixpools"),
-        "GlobalInClusterPrefixPool" => (capi::GROUP, "globalinclusterprefixpools"),
-        metal3_ipam::POOL_KIND => (metal3_ipam::GROUP, "ippools"),
-        _ => return None,
-    })
-}
-
 /// The review that asks whether `user` may patch `pool`.
-fn review(user: &UserInfo, pool: &PoolKey) -> Option<SubjectAccessReview> {
-    let (group, resource) = resource_of(&pool.kind)?;
-    Some(SubjectAccessReview {
+fn review(user: &UserInfo, pool: &PoolKey) -> SubjectAccessReview {
+    let (group, resource) = (pool.kind.group(), pool.kind.plural());
+    SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: user.username.clone(),
             uid: user.uid.clone(),
@@ -55,7 +42,7 @@ fn review(user: &UserInfo, pool: &PoolKey) -> Option<SubjectAccessReview> {
             ..Default::default()
         },
         ..Default::default()
-    })
+    }
 }
 
 /// The text a decision is remembered by: the writer as the API server authenticated it, and
@@ -83,9 +70,7 @@ impl Writers {
         if let Some(allowed) = self.0.get(&key, now) {
             return Ok(allowed);
         }
-        let Some(review) = review(user, pool) else {
-            return Ok(true);
-        };
+        let review = review(user, pool);
         let api: Api<SubjectAccessReview> = Api::all(client.clone());
         let answer = api.create(&PostParams::default(), &review).await?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
@@ -105,6 +90,8 @@ pub fn refusal(kind: &str, object: &str, pool: &PoolKey) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{capi, metal3_ipam};
+    use crate::ipam::key::PoolKind;
 
     fn user(name: &str, groups: &[&str]) -> UserInfo {
         UserInfo {
@@ -114,9 +101,9 @@ mod tests {
         }
     }
 
-    fn pool(kind: &str, namespace: Option<&str>) -> PoolKey {
+    fn pool(kind: PoolKind, namespace: Option<&str>) -> PoolKey {
         PoolKey {
-            kind: kind.into(),
+            kind,
             namespace: namespace.map(str::to_string),
             name: "shared".into(),
         }
@@ -126,9 +113,8 @@ mod tests {
     fn the_review_asks_to_patch_the_pool_as_the_writer() {
         let asked = review(
             &user("alice", &["tenants"]),
-            &pool("GlobalInClusterIPPool", None),
-        )
-        .expect("a kind bitpool serves");
+            &pool(PoolKind::GlobalInClusterIPPool, None),
+        );
         let spec = asked.spec;
         assert_eq!(spec.user.as_deref(), Some("alice"));
         assert_eq!(spec.groups, Some(vec!["tenants".to_string()]));
@@ -141,29 +127,43 @@ mod tests {
         );
         assert_eq!(attributes.name.as_deref(), Some("shared"));
         assert_eq!(attributes.namespace, None);
-        let metal3 = review(&user("bob", &[]), &pool("IPPool", Some("site")))
-            .expect("a kind bitpool serves")
-            .spec
-            .resource_attributes
-            .expect("resource attributes");
+        let metal3 = review(
+            &user("bob", &[]),
+            &pool(PoolKind::Metal3IPPool, Some("site")),
+        )
+        .spec
+        .resource_attributes
+        .expect("resource attributes");
         assert_eq!(metal3.group.as_deref(), Some(metal3_ipam::GROUP));
         assert_eq!(metal3.namespace.as_deref(), Some("site"));
     }
 
     #[test]
     fn decisions_are_remembered_per_writer_groups_and_pool() {
-        let base = key(&user("alice", &["a"]), &pool("InClusterIPPool", Some("x")));
-        assert_ne!(
-            base,
-            key(&user("alice", &["b"]), &pool("InClusterIPPool", Some("x")))
+        let base = key(
+            &user("alice", &["a"]),
+            &pool(PoolKind::InClusterIPPool, Some("x")),
         );
         assert_ne!(
             base,
-            key(&user("alice", &["a"]), &pool("InClusterIPPool", Some("y")))
+            key(
+                &user("alice", &["b"]),
+                &pool(PoolKind::InClusterIPPool, Some("x"))
+            )
+        );
+        assert_ne!(
+            base,
+            key(
+                &user("alice", &["a"]),
+                &pool(PoolKind::InClusterIPPool, Some("y"))
+            )
         );
         assert_eq!(
             base,
-            key(&user("alice", &["a"]), &pool("InClusterIPPool", Some("x")))
+            key(
+                &user("alice", &["a"]),
+                &pool(PoolKind::InClusterIPPool, Some("x"))
+            )
         );
     }
 }

@@ -11,9 +11,9 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use serde_json::{Map, Value};
 
+use super::shared::{ConversionError, field, take_annotation};
 use crate::alloc::Family;
 use crate::api::capi_pools::v1alpha1;
 
@@ -26,62 +26,10 @@ pub const KINDS: [&str; 2] = ["InClusterIPPool", "GlobalInClusterIPPool"];
 /// The v1alpha2 spec fields that v1alpha1 also has.
 const SHARED_FIELDS: [&str; 3] = ["addresses", "prefix", "gateway"];
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum ConversionError {
-    #[error("{kind} {name}: cannot convert from {from} to {to}")]
-    Unsupported {
-        kind: String,
-        name: String,
-        from: String,
-        to: String,
-    },
-    #[error("{name}: spec does not match {version}: {reason}")]
-    Spec {
-        name: String,
-        version: &'static str,
-        reason: String,
-    },
-}
-
-/// Answers a ConversionReview (the request body) with the converted objects or the failure.
-pub fn review(body: &[u8]) -> Result<Vec<u8>, String> {
-    let review: ConversionReview =
-        serde_json::from_slice(body).map_err(|e| format!("not a ConversionReview: {e}"))?;
-    let mut request = ConversionRequest::from_review(review).map_err(|e| e.to_string())?;
-    let desired = request.desired_api_version.clone();
-    // The API server calls this for every pool event of its v1alpha1 watch cache: no copies.
-    let converted: Result<Vec<Value>, ConversionError> = std::mem::take(&mut request.objects)
-        .into_iter()
-        .map(|object| convert(object, &desired))
-        .collect();
-    let response = ConversionResponse::for_request(request);
-    let response = match converted {
-        Ok(objects) => response.success(objects),
-        Err(e) => {
-            tracing::warn!(error = %e, "conversion refused");
-            response.failure(kube::core::Status::failure(&e.to_string(), "Invalid"))
-        }
-    };
-    serde_json::to_vec(&response.into_review()).map_err(|e| e.to_string())
-}
-
-fn field<'a>(object: &'a Value, pointer: &str) -> &'a str {
-    object
-        .pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-}
-
-/// One object to `desired` (an apiVersion).
+/// One pool object to `desired` (an apiVersion).
 pub fn convert(object: Value, desired: &str) -> Result<Value, ConversionError> {
     let from = field(&object, "/apiVersion").to_string();
     let kind = field(&object, "/kind").to_string();
-    if from == desired {
-        return Ok(object);
-    }
-    if from.starts_with(&format!("{}/", super::metal3data_conversion::GROUP)) {
-        return super::metal3data_conversion::convert(object, desired);
-    }
     match (KINDS.contains(&kind.as_str()), from.as_str(), desired) {
         (true, V1ALPHA1, V1ALPHA2) => to_v1alpha2(object),
         (true, V1ALPHA2, V1ALPHA1) => to_v1alpha1(object),
@@ -105,23 +53,6 @@ fn spec_of(object: &Value) -> Map<String, Value> {
 /// The annotation's value, parsed, and the object without it.
 fn take_data(object: &mut Value) -> Option<Value> {
     take_annotation(object, DATA_ANNOTATION)
-}
-
-/// Removes the annotation `key` (and an annotation map it leaves empty); returns its value
-/// parsed as JSON.
-pub(super) fn take_annotation(object: &mut Value, key: &str) -> Option<Value> {
-    let annotations = object
-        .pointer_mut("/metadata/annotations")
-        .and_then(Value::as_object_mut)?;
-    let data = annotations.remove(key)?;
-    if annotations.is_empty()
-        && let Some(metadata) = object
-            .pointer_mut("/metadata")
-            .and_then(Value::as_object_mut)
-    {
-        metadata.remove("annotations");
-    }
-    serde_json::from_str(data.as_str()?).ok()
 }
 
 fn put_data(object: &mut Value, version: &str, kind: &str, spec: Value) {
@@ -453,7 +384,7 @@ mod tests {
     }
 
     fn review_answer(body: Vec<u8>) -> Vec<u8> {
-        super::review(&body).expect("answered")
+        crate::webhook::convert::review(&body).expect("answered")
     }
 
     fn without_data(mut object: Value) -> Value {

@@ -9,7 +9,7 @@
 
 use serde_json::{Map, Value};
 
-use super::conversion::ConversionError;
+use super::shared::{ConversionError, take_annotation};
 
 pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 pub const V1BETA1: &str = "infrastructure.cluster.x-k8s.io/v1beta1";
@@ -215,7 +215,7 @@ fn list_to_map(object: &mut Value, pointer: &str, field: &str, value_key: &str, 
 
 /// Removes this module's annotation and returns what it kept: (version, fields).
 fn take_kept(object: &mut Value) -> Option<(String, Lost)> {
-    let kept = super::conversion::take_annotation(object, DATA_ANNOTATION)?;
+    let kept = take_annotation(object, DATA_ANNOTATION)?;
     let version = kept["version"].as_str()?.to_string();
     let fields = kept.get("fields")?.as_object()?.clone();
     Some((version, fields))
