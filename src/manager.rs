@@ -17,8 +17,9 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool};
+use crate::ipam::dialect::PoolDialect;
+use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
-use crate::ipam::pool::{self, PoolDialect};
 use crate::ipam::{self, claims, proxy, transaction};
 use crate::metal3data;
 use crate::runtime::cache::{Caches, Shared};
@@ -105,17 +106,17 @@ impl Controllers {
 
     /// Runs them all until they stop (at shutdown): the IPAM engine's on its context, the
     /// Metal3Data reconciler's on the shared one.
-    async fn run(self, ctx: &Arc<Context>, engine: &Arc<ipam::Context>) {
+    async fn run(self, ctx: &Arc<Context>, ipam_ctx: &Arc<ipam::Context>) {
         let ipam = future::join5(
-            run_controller(self.in_cluster, pool::reconcile, engine),
-            run_controller(self.global, pool::reconcile, engine),
-            run_controller(self.prefix, pool::reconcile, engine),
-            run_controller(self.global_prefix, pool::reconcile, engine),
-            run_controller(self.metal3, proxy::reconcile, engine),
+            run_controller(self.in_cluster, engine::reconcile, ipam_ctx),
+            run_controller(self.global, engine::reconcile, ipam_ctx),
+            run_controller(self.prefix, engine::reconcile, ipam_ctx),
+            run_controller(self.global_prefix, engine::reconcile, ipam_ctx),
+            run_controller(self.metal3, proxy::reconcile, ipam_ctx),
         );
         let rest = future::join5(
-            run_controller(self.orphan_claims, claims::reconcile, engine),
-            run_controller(self.orphan_ipclaims, claims::reconcile_ipclaim, engine),
+            run_controller(self.orphan_claims, claims::reconcile, ipam_ctx),
+            run_controller(self.orphan_ipclaims, claims::reconcile_ipclaim, ipam_ctx),
             run_controller(self.templates, metal3data::template::reconcile, ctx),
             run_controller(self.datas, metal3data::data::reconcile, ctx),
             run_controller(
@@ -158,8 +159,8 @@ pub async fn run(
         let _ = stop.send(true);
     };
     tracing::info!(namespace = ?settings.namespace, watch_filter = ?settings.watch_filter, groups = ?settings.groups, "controllers started");
-    let engine = Arc::new(ipam::Context::new(ctx.clone()));
-    future::join(controllers.run(&ctx, &engine), stop_on_shutdown).await;
+    let ipam_ctx = Arc::new(ipam::Context::new(ctx.clone()));
+    future::join(controllers.run(&ctx, &ipam_ctx), stop_on_shutdown).await;
 }
 
 /// The Metal3 IPPool a proxy claim works for: the pool of the IPClaim that owns it.
@@ -188,7 +189,7 @@ where
             return Vec::new();
         };
         let key = changed.key();
-        pool::covered_pools(&store)
+        engine::covered_pools(&store)
             .filter(|(other, theirs)| *other != key && theirs.meets(&covered).is_some())
             .filter_map(|(other, _)| other.object_ref::<P>())
             .collect()

@@ -10,12 +10,12 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::dialect::{FreshAddresses, PoolDialect, Report};
 use super::duplicates;
 use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
 use super::overlaps;
-use super::pool::{FreshAddresses, PoolDialect, Report};
 use crate::alloc::{AddressSpace, Lease};
 use crate::api::capi::{IPAddress, IPAddressSpec, LocalObjectName};
 use crate::api::capi_pools::{

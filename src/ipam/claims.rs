@@ -11,9 +11,9 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 
 use super::Context;
+use super::dialect::{AddressKinds, PoolDialect, fresh_addresses};
 use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind};
-use super::pool::{AddressKinds, PoolDialect, fresh_addresses};
 use crate::api::capi::{self, IPAddressClaim};
 use crate::api::capi_pools::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
 use crate::api::metal3_ipam::{IPClaim, IPPool};

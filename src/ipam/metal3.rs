@@ -14,9 +14,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::dialect::{AddressKinds, FreshAddresses, PoolDialect, Report};
 use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
-use super::pool::{AddressKinds, FreshAddresses, PoolDialect, Report};
 use super::spec;
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::Cluster;

@@ -1,6 +1,7 @@
 //! The IPAM engine: pools of every kind serving claims of both APIs, one batch per pool.
 //!
-//! - [`pool`]: the pool engine, whatever its dialect;
+//! - [`engine`]: the pool engine, whatever its dialect, as named phases;
+//! - [`dialect`]: what a pool kind brings to the engine;
 //! - [`capi`]: its InClusterIPPool / GlobalInClusterIPPool dialect;
 //! - [`prefix`]: its InClusterPrefixPool / GlobalInClusterPrefixPool dialect (sub-prefixes);
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
@@ -19,14 +20,15 @@
 pub mod capi;
 pub mod claims;
 pub mod context;
+pub mod dialect;
 pub mod duplicates;
+pub mod engine;
 pub mod intent;
 pub mod key;
 pub mod kinds;
 pub mod ledger;
 pub mod metal3;
 pub mod overlaps;
-pub mod pool;
 pub mod prefix;
 pub mod proxy;
 pub mod spec;

@@ -13,11 +13,11 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::Context;
 use super::capi::{capi_address, capi_contract, global_preallocation_key, status_patch};
+use super::dialect::{FreshAddresses, PoolDialect, Report};
 use super::intent::Refusal;
 use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::overlaps::Covered;
-use super::pool::{FreshAddresses, PoolDialect, Report};
 use crate::alloc::{self, AddressSpace, AllocError, Family, Lease, Numbering};
 use crate::api::capi_pools::{
     ADDRESS_FINALIZER, GlobalInClusterPrefixPool, InClusterIPPoolStatus, InClusterPrefixPool,

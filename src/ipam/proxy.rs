@@ -16,10 +16,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::dialect::PoolDialect;
+use super::engine;
 use super::key::PoolKey;
 use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
 use super::metal3::metal3_address;
-use super::pool::{self, PoolDialect};
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
 use crate::runtime::error::{Call, Error, Verb, object_of};
@@ -31,7 +32,7 @@ use crate::runtime::objects::{self, FinalizerPatch};
 pub async fn reconcile(pool: Arc<IPPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let groups = ctx.settings.groups;
     match pool.spec.pool_ref.clone() {
-        None if groups.metal3_ipam => pool::reconcile(pool, ctx).await,
+        None if groups.metal3_ipam => engine::reconcile(pool, ctx).await,
         Some(target) if groups.migration_proxy => reconcile_proxy(pool, target, ctx).await,
         _ => Ok(Action::await_change()),
     }

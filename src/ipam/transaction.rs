@@ -14,9 +14,9 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use super::Context;
+use super::dialect::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
 use super::intent::{self, Intent};
 use super::ledger::{Ledger, LedgerRef, Loaded, Stored};
-use super::pool::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
 use crate::alloc::AddressSpace;
 use crate::runtime::error::{Call, Error, Verb, object_of};
 use crate::runtime::objects;

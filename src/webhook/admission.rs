@@ -21,9 +21,9 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
+use crate::ipam::dialect::{AddressKinds, listed_addresses};
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
-use crate::ipam::pool::{AddressKinds, listed_addresses};
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.

@@ -1,0 +1,274 @@
+//! Reserve and settle: the two ledger transactions of a reconcile. Reserve repairs the record
+//! where it lost something and commits transaction 1 (reservations, binds, confirmations); settle
+//! reads the record again, sweeps what no object explains, and commits transaction 2 (what was
+//! created, released, or found leaked).
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use super::read::Selected;
+use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, address_key, keep_first};
+use crate::ipam::Context;
+use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
+use crate::ipam::intent::{self};
+use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
+use crate::ipam::ledger::{self, Ledger, LedgerRef};
+use crate::ipam::transaction;
+use crate::runtime::error::Error;
+use crate::runtime::objects;
+
+/// What the two ledger transactions and the object writes between them leave.
+pub(super) struct Transacted {
+    pub(super) ledger: Ledger,
+    pub(super) usage: Option<Usage>,
+    /// Transaction 1's outcomes (its refusals tell when to look again).
+    pub(super) outcomes: Outcomes,
+    /// The first ledger error: it does not hold up releases and is returned once they are done.
+    pub(super) ledger_error: Option<Error>,
+}
+
+/// What transaction 1 left for the phases after it.
+pub(super) struct Reserved {
+    ledger_ref: LedgerRef,
+    /// Each request's lease or refusal.
+    pub(super) outcomes: Outcomes,
+    /// When it was committed: creates for its reservations start their window here.
+    pub(super) committed: std::time::Instant,
+    /// The first ledger error: it does not hold up releases and is returned once they are done.
+    ledger_error: Option<Error>,
+}
+
+/// Reserve: the record repaired where it lost something, then transaction 1 (allocations,
+/// binds, confirmations). Claims whose objects it judged are served or told why not.
+pub(super) async fn reserve<P: PoolDialect>(round: &Round<'_, P>, batch: &mut Batch) -> Reserved {
+    let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
+    let base = round.base.as_ref();
+    let deleting = pool.meta().deletion_timestamp.is_some();
+    let ledger_ref = transaction::ledger_of(pool, ctx);
+    let mut ledger_error = None;
+    let addresses = &round.observed.addresses;
+    let live_objects = addresses
+        .values()
+        .any(|a| a.meta().deletion_timestamp.is_none());
+    let create = !deleting && live_objects;
+    let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, batch).await;
+    let known = keep_first(&mut ledger_error, repaired).flatten();
+
+    let create = !deleting && !batch.first.allocate.is_empty();
+    let first =
+        transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.first, create).await;
+    let first = keep_first(&mut ledger_error, first).map(|(_, _, outcomes, _)| outcomes);
+    // Unjudged (the commit failed), a found object serves nobody this time.
+    if let Some(outcomes) = &first {
+        let found = std::mem::take(&mut batch.found_first);
+        batch.settle_found(pool, found, outcomes, spec_error);
+    }
+    Reserved {
+        ledger_ref,
+        outcomes: first.unwrap_or_default(),
+        committed: std::time::Instant::now(),
+        ledger_error,
+    }
+}
+
+/// Settle: the record read again (not the one transaction 1 wrote: what is found unexplained
+/// is judged against a fresh list of the address objects, which must not be older than the
+/// record), what no object explains swept, and transaction 2.
+pub(super) async fn settle<P: PoolDialect>(
+    round: &Round<'_, P>,
+    batch: &mut Batch,
+    reserved: Reserved,
+) -> Transacted {
+    let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
+    let (base, observed) = (round.base.as_ref(), &round.observed);
+    let Reserved {
+        ledger_ref,
+        outcomes,
+        mut ledger_error,
+        ..
+    } = reserved;
+    let current = transaction::load(&ledger_ref, pool, ctx, false).await;
+    let known = keep_first(&mut ledger_error, current).flatten();
+    if let Some(stored) = &known {
+        let unexplained = unexplained(pool, ctx, &stored.ledger, &observed.addresses).await;
+        batch.second.release_unbound =
+            keep_first(&mut ledger_error, unexplained).unwrap_or_default();
+        let orphans = std::mem::take(&mut batch.orphans_deleted);
+        let unheld = unheld(pool, ctx, orphans).await;
+        batch
+            .second
+            .release_unbound
+            .extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
+        let vanished = vanished_reservations(ctx, &stored.ledger, &observed.claims).await;
+        let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
+        batch.second.release_unlanded.extend(vanished);
+    }
+    let second =
+        transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.second, false).await;
+    let (ledger, usage) = match keep_first(&mut ledger_error, second) {
+        Some((ledger, usage, outcomes, _)) => {
+            let found = std::mem::take(&mut batch.found_second);
+            batch.settle_found(pool, found, &outcomes, spec_error);
+            (ledger, usage)
+        }
+        None => Default::default(),
+    };
+    Transacted {
+        ledger,
+        usage,
+        outcomes,
+        ledger_error,
+    }
+}
+
+/// What the ledger must learn from the live address objects. Every address bitpool hands out
+/// is reserved in the record before its object is created, so an object the record does not
+/// list means one of two things. Where the record is not known to be whole (restored from a
+/// backup, rebuilt, or written before bitpool marked whole records) or lacks the object a
+/// claim's status names, the record lost something: the live objects are adopted and the
+/// rebuild fence starts. Otherwise someone else made the object: it is adopted by nothing,
+/// fences nothing, and the report names it. When a fence is over, a fresh list is adopted and
+/// the fence ends. Returns the ledger as read, for the first commit to start from.
+pub(super) async fn repair_record<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    ledger_ref: &LedgerRef,
+    addresses: &AddressIndex,
+    create: bool,
+    batch: &mut Batch,
+) -> Result<Option<ledger::Stored>, Error> {
+    let Some(stored) = transaction::load(ledger_ref, pool, ctx, create).await? else {
+        return Ok(None);
+    };
+    let ledger = &stored.ledger;
+    let fenced = ledger.rebuilt_at.is_some();
+    let fence_over = fenced && ledger.fenced_until(&objects::now().0.to_string()).is_none();
+    let whole = ledger.whole() && !fenced;
+    let named = &batch.named;
+    let served = |a: &AnyAddress| named.get(&address_key(a)) == Some(&a.name());
+    // Objects this process deleted are not live, though a lagging cache still lists them (a
+    // mass deletion would otherwise list the namespace once per reconcile).
+    let unlisted: Vec<&AnyAddress> = addresses
+        .values()
+        .filter(|a| !ctx.recently_deleted_address(a.meta().uid.as_deref().unwrap_or_default()))
+        .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
+        .collect();
+    let lost = !unlisted.is_empty() && (!whole || unlisted.iter().any(|a| served(a)));
+    if !fence_over && !lost && (whole || fenced) {
+        batch.foreign.extend(unlisted.into_iter().cloned());
+        return Ok(Some(stored));
+    }
+    let fresh = fresh_pool_addresses(pool, ctx).await?;
+    let (adopt, foreign): (Vec<&AnyAddress>, Vec<&AnyAddress>) = fresh
+        .iter()
+        .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
+        .partition(|a| !whole || served(a));
+    batch.foreign.extend(foreign.into_iter().cloned());
+    let intent = &mut batch.first;
+    intent.adopt = adopt.iter().filter_map(|a| pool.held(a)).collect();
+    if let (false, Some(first)) = (fence_over, intent.adopt.first()) {
+        intent.fence = Some(format!(
+            "{} did not list {} live address object(s) of the pool (for example {first})",
+            ledger_ref.describe(),
+            intent.adopt.len()
+        ));
+    }
+    intent.end_fence = fence_over;
+    // Judged against a fresh list, with no fence to follow: the record is whole.
+    if fence_over || intent.fence.is_none() {
+        intent.whole_in = ledger.uid.clone();
+    }
+    Ok(Some(stored))
+}
+
+/// Reservations whose claim no longer exists (checked on the server once no create of theirs
+/// can land any more, [`ledger::IN_FLIGHT_BOUND`]): a claim deleted while its allocation was in
+/// flight.
+pub(super) async fn vanished_reservations(
+    ctx: &Context,
+    ledger: &Ledger,
+    claims: &Selected,
+) -> Result<Vec<String>, Error> {
+    let known: HashSet<&String> = claims.all.values().collect();
+    let now = objects::now().0.to_string();
+    let mut vanished = Vec::new();
+    for reservation in ledger.pending.values() {
+        let old = intent::no_create_can_land(reservation, &now);
+        if known.contains(&reservation.claim_uid) || !old {
+            continue;
+        }
+        let mut alive = false;
+        for kind in [ClaimKind::Capi, ClaimKind::Metal3] {
+            let uid = AnyClaim::fetch(
+                ctx,
+                kind,
+                &reservation.claim_namespace,
+                &reservation.claim_name,
+            )
+            .await?;
+            alive |= uid.as_ref() == Some(&reservation.claim_uid);
+        }
+        if !alive {
+            vanished.push(reservation.claim_uid.clone());
+        }
+    }
+    Ok(vanished)
+}
+
+/// Addresses the ledger holds with neither a reservation nor an object. Once that has been
+/// seen for [`ORPHAN_GRACE`], a fresh list of the pool's address objects decides which are
+/// leaked.
+pub(super) async fn unexplained<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    ledger: &Ledger,
+    addresses: &AddressIndex,
+) -> Result<Vec<IpAddr>, Error> {
+    let key = pool.key();
+    let held: HashSet<IpAddr> = addresses.values().filter_map(|a| pool.held(a)).collect();
+    let unexplained = |ip: &IpAddr, held: &HashSet<IpAddr>| {
+        !held.contains(ip) && !ledger.pending.contains_key(&ip.to_string())
+    };
+    if !ledger.addresses().any(|ip| unexplained(&ip, &held)) {
+        ctx.forget_orphans(&key);
+        return Ok(Vec::new());
+    }
+    if ctx.orphan_watch_start(&key).elapsed() < ORPHAN_GRACE {
+        return Ok(Vec::new());
+    }
+    let fresh: HashSet<IpAddr> = fresh_pool_addresses(pool, ctx)
+        .await?
+        .iter()
+        .filter_map(|a| pool.held(a))
+        .collect();
+    let leaked: Vec<IpAddr> = ledger
+        .addresses()
+        .filter(|ip| unexplained(ip, &fresh))
+        .collect();
+    if !leaked.is_empty() {
+        tracing::warn!(pool = %key.describe(), count = leaked.len(), "releasing addresses that no object holds");
+    }
+    ctx.forget_orphans(&key);
+    Ok(leaked)
+}
+
+/// Which of `addresses` no address object of the pool holds, by a fresh list (none is taken
+/// when there is nothing to check).
+pub(super) async fn unheld<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    addresses: Vec<IpAddr>,
+) -> Result<Vec<IpAddr>, Error> {
+    if addresses.is_empty() {
+        return Ok(addresses);
+    }
+    let held: HashSet<IpAddr> = fresh_pool_addresses(pool, ctx)
+        .await?
+        .iter()
+        .filter_map(|a| pool.held(a))
+        .collect();
+    Ok(addresses
+        .into_iter()
+        .filter(|ip| !held.contains(ip))
+        .collect())
+}

@@ -1,0 +1,240 @@
+//! The pool engine: one reconcile per pool, whatever its dialect, serving all of the pool's
+//! claims in a batch, in named phases, one file each:
+//!
+//! 1. [`read`]: the pool's claims and their address objects, from the caches and, where a stale
+//!    cache must not decide, from the server;
+//! 2. [`plan`]: what the reconcile does, decided from what was read with no client and no
+//!    await (table-tested);
+//! 3. [`commit::reserve`]: transaction 1 on the ledger (reservations, binds, confirmations),
+//!    after repairing a record that lost something;
+//! 4. [`apply`]: address objects created and deleted;
+//! 5. [`commit::settle`]: the record read again, what no object explains swept, and
+//!    transaction 2 (what was created, released or leaked);
+//! 6. [`report`]: claim finalizers and statuses, the pool's status, Events, metrics and the
+//!    next check.
+//!
+//! What differs between the in-cluster provider's pools and Metal3's IPPool is the
+//! [`PoolDialect`]; the engine, the ledger and the allocation core are shared.
+
+mod apply;
+mod commit;
+mod plan;
+mod read;
+mod report;
+
+pub use report::covered_pools;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+
+use super::Context;
+use super::dialect::{Outcomes, PoolDialect};
+use super::duplicates::SharedAddress;
+use super::intent::Intent;
+use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
+use super::transaction;
+use crate::runtime::error::Error;
+use crate::runtime::objects::{self, FinalizerPatch};
+
+/// How many API calls of one kind a reconcile runs at once.
+const PARALLEL_CALLS: usize = 16;
+
+/// How many claims one reconcile allocates for, and how many it releases: a backlog of any
+/// size is served in batches, each committed at once and followed by the next without waiting.
+const BATCH: usize = 500;
+
+/// How long an address with neither reservation nor object must stay so before a fresh list
+/// decides it is leaked (an address object removed by force, or a crash mid-release).
+const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+
+/// Re-check of a pool whose claims wait for a free address.
+const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
+
+/// Runs `f` over `items`, at most [`PARALLEL_CALLS`] at a time.
+async fn in_parallel<T, R, F, Fut>(items: Vec<T>, f: F) -> Vec<R>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = R>,
+{
+    stream::iter(items.into_iter().map(f))
+        .buffer_unordered(PARALLEL_CALLS)
+        .collect()
+        .await
+}
+
+type ClaimKey = (ClaimKind, String, String);
+
+type AddressIndex = HashMap<ClaimKey, AnyAddress>;
+
+fn address_key(address: &AnyAddress) -> ClaimKey {
+    let (kind, claim) = address.claim();
+    let namespace = address.meta().namespace.clone().unwrap_or_default();
+    (kind, namespace, claim)
+}
+
+fn claim_key(claim: &AnyClaim) -> ClaimKey {
+    (claim.kind(), claim.namespace(), claim.name())
+}
+
+/// Whether `claim`'s status names `object`: then bitpool made it for the claim.
+fn vouches(claim: &AnyClaim, object: &AnyAddress) -> bool {
+    claim.status_address_name().as_deref() == Some(object.name().as_str())
+}
+
+/// What one reconcile of a pool does, built up phase by phase.
+#[derive(Default)]
+struct Batch {
+    /// Transaction 1: allocate, bind what is about to lose its address object, confirm.
+    first: Intent,
+    /// Transaction 2: confirm what was created, free what was released, reclaim leaks.
+    second: Intent,
+    to_create: Vec<AnyClaim>,
+    to_delete: Vec<(AnyClaim, AnyAddress)>,
+    /// Address objects whose claim is gone.
+    orphaned: Vec<AnyAddress>,
+    /// Second address objects of live or releasing claims (see [`index_by_claim`]).
+    duplicates: Vec<AnyAddress>,
+    /// Addresses the live objects of more than one claim hold: they stay allocated, and the
+    /// report says so.
+    shared: Vec<SharedAddress>,
+    /// What the orphaned objects held, once they are deleted: freed only if a fresh list shows
+    /// no other object holding it (a hand-made object may name another claim's address).
+    orphans_deleted: Vec<IpAddr>,
+    /// Claims whose address is released: their finalizer goes.
+    finished: Vec<AnyClaim>,
+    /// Existing address objects lacking owners, finalizer or labels, with the patch that adds them.
+    to_adopt: Vec<(AnyAddress, serde_json::Value)>,
+    /// Which address object each claim's status names.
+    named: HashMap<ClaimKey, String>,
+    /// Objects of live claims that their status does not name, judged by transaction 1 (or 2,
+    /// for one met by a create) before the claim is served with them ([`intent::Found`]).
+    found_first: Vec<(AnyClaim, AnyAddress)>,
+    found_second: Vec<(AnyClaim, AnyAddress)>,
+    /// Address objects bitpool did not make, which hold nothing for it: the report names them.
+    foreign: Vec<AnyAddress>,
+    statuses: Vec<(AnyClaim, Outcome)>,
+    /// Who holds what after this reconcile (claim kind and name → address), for the status.
+    holders: BTreeMap<(ClaimKind, String), IpAddr>,
+    /// The soonest this pool must be reconciled again.
+    next: Option<Duration>,
+}
+
+impl Batch {
+    fn again_within(&mut self, after: Duration) {
+        self.next = Some(self.next.map_or(after, |n| n.min(after)));
+    }
+}
+
+/// One reconcile of a pool, phase by phase (see the module's documentation).
+pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let pool = &*pool;
+    if let Some(action) = gate(pool, &ctx).await? {
+        return Ok(action);
+    }
+    let deleting = pool.meta().deletion_timestamp.is_some();
+    let (base, spec_error) = base_space(pool, deleting);
+    let observed = read::observe(pool, &ctx, deleting).await?;
+    let mut batch = plan::plan(pool, &observed, base.as_ref());
+    let round = Round {
+        pool,
+        ctx: &ctx,
+        observed,
+        base,
+        spec_error,
+    };
+    let reserved = commit::reserve(&round, &mut batch).await;
+    let reclaimed = batch.orphaned.len();
+    apply::apply(&round, &mut batch, &reserved).await?;
+    let done = commit::settle(&round, &mut batch, reserved).await;
+    report::count(pool, &ctx, &batch, &done, reclaimed);
+    apply::adopt_addresses(&ctx, &mut batch).await?;
+    report::report(&round, batch, done).await
+}
+
+/// What the phases after the plan work from: the pool, the context, what was read, and the
+/// pool's empty address space (or why it has none).
+struct Round<'a, P> {
+    pool: &'a P,
+    ctx: &'a Arc<Context>,
+    observed: read::Observed,
+    base: Option<transaction::Base>,
+    spec_error: Option<String>,
+}
+
+/// What stops a reconcile before it reads anything: a paused pool (which only protects its
+/// claims), a paused Cluster, a pool being deleted that is already let go, and the pool's own
+/// finalizer and metadata.
+async fn gate<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option<Action>, Error> {
+    if objects::is_paused(pool.meta()) {
+        return read::protect_claims(pool, ctx).await.map(Some);
+    }
+    // A paused Cluster pauses everything of its own, finalizers too (as upstream).
+    if pool.paused_by_cluster(ctx) {
+        return Ok(Some(Action::requeue(Duration::from_secs(30))));
+    }
+    // A pool being deleted still releases its claims' addresses, but hands out none.
+    let deleting = pool.meta().deletion_timestamp.is_some();
+    if deleting && !objects::has_finalizer(pool.meta(), P::FINALIZER) {
+        return Ok(Some(Action::await_change()));
+    }
+    if !deleting && prepare_pool(pool, ctx).await? == FinalizerPatch::Stale {
+        return Ok(Some(Action::requeue(Duration::from_millis(200))));
+    }
+    Ok(None)
+}
+
+/// Whether `object` serves `claim` as the plan takes it: it holds an address of the pool, and
+/// if it is going, bitpool made it for the claim (its address stays the claim's until it is
+/// gone). A claim with no such object gets a reservation.
+fn usable<P: PoolDialect>(pool: &P, claim: &AnyClaim, object: &AnyAddress) -> bool {
+    claim.id().is_some()
+        && pool.held(object).is_some()
+        && (object.meta().deletion_timestamp.is_none() || vouches(claim, object))
+}
+
+/// The pool's empty address space, or why there is none (an invalid spec, a pool being deleted).
+fn base_space<P: PoolDialect>(
+    pool: &P,
+    deleting: bool,
+) -> (Option<transaction::Base>, Option<String>) {
+    if deleting {
+        return (None, Some("the pool is being deleted".to_string()));
+    }
+    let fingerprint = (
+        pool.uid().unwrap_or_default(),
+        pool.meta().generation.unwrap_or_default(),
+    );
+    match pool.space() {
+        Ok(space) => (Some((space, fingerprint)), None),
+        Err(e) => (None, Some(e)),
+    }
+}
+
+/// `result`'s value, remembering its error in `first` unless an earlier one is there.
+fn keep_first<T>(first: &mut Option<Error>, result: Result<T, Error>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(e) => {
+            first.get_or_insert(e);
+            None
+        }
+    }
+}
+
+/// The pool's own finalizer and metadata.
+async fn prepare_pool<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<FinalizerPatch, Error> {
+    let api = pool.api_for(ctx.client.clone());
+    if objects::add_finalizer(&api, pool, P::FINALIZER).await? == FinalizerPatch::Stale {
+        return Ok(FinalizerPatch::Stale);
+    }
+    if let Some(patch) = pool.metadata_patch(ctx) {
+        objects::merge_patch(&api, &pool.name_any(), patch).await?;
+    }
+    Ok(FinalizerPatch::Done)
+}

@@ -1,0 +1,515 @@
+//! Read: the pool's claims (from the caches, oldest first, new ones given their finalizer) and
+//! their address objects, and what a stale cache must not decide alone, read from the server:
+//! objects of claims the cache shows none for, and objects whose claim may be gone.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+
+use super::{AddressIndex, BATCH, ClaimKey, address_key, claim_key, in_parallel, usable};
+use crate::ipam::Context;
+use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
+use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError};
+use crate::runtime::error::Error;
+use crate::runtime::objects::{self, FinalizerPatch};
+
+/// Whether a claim may be acted on now: not paused, and its Cluster (if it names one) neither
+/// paused nor, for a live claim, missing.
+pub(super) fn claim_may_proceed(claim: &AnyClaim, ctx: &Context) -> bool {
+    if objects::is_paused(claim.meta()) {
+        return false;
+    }
+    let (Some(cluster), Some(clusters)) = (claim.cluster_name(), &ctx.clusters) else {
+        return true; // no Cluster named, or no Cluster API core installed
+    };
+    match clusters.get(&ObjectRef::new(cluster).within(&claim.namespace())) {
+        Some(c) => !objects::cluster_is_paused(&c),
+        // The contract: wait for the Cluster, but let deletions proceed without it.
+        None => claim.deleting(),
+    }
+}
+
+/// What one reconcile reads before it decides anything.
+pub(super) struct Observed {
+    pub(super) claims: Selected,
+    /// The pool's address objects in the cache, by claim (one each: see [`index_by_claim`]).
+    pub(super) addresses: AddressIndex,
+    /// Claims' second objects.
+    pub(super) extras: Vec<AnyAddress>,
+    /// Which address object each claim's status names.
+    pub(super) named: HashMap<ClaimKey, String>,
+    /// Objects of live claims the cache shows none usable for, read from the server by the
+    /// names their status or this process's memory give.
+    pub(super) known: AddressIndex,
+    /// Objects of deleting claims the cache shows none for, read from the server.
+    pub(super) fresh: Option<AddressIndex>,
+    /// Objects whose claim is gone, checked on the server.
+    pub(super) orphaned: Vec<AnyAddress>,
+}
+
+/// Reads the pool's claims and address objects: from the caches, and from the server where a
+/// lagging cache could make the plan allocate twice or finish a claim too early.
+pub(super) async fn observe<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    deleting: bool,
+) -> Result<Observed, Error> {
+    let claims = select_claims(pool, ctx, deleting).await?;
+    let named: HashMap<ClaimKey, String> = claims
+        .live
+        .iter()
+        .chain(&claims.releasing)
+        .filter_map(|c| Some((claim_key(c), c.status_address_name()?)))
+        .collect();
+    let (addresses, extras) = index_by_claim(pool.addresses(ctx, None), &named);
+    // A lagging watch may not show an object a claim already has: its status names it, or
+    // this process just created it. Those are read before anything is allocated.
+    let unserved: Vec<AnyClaim> = claims
+        .live
+        .iter()
+        .filter(|c| {
+            let cached = addresses.get(&claim_key(c));
+            !cached.is_some_and(|object| usable(pool, c, object))
+        })
+        .cloned()
+        .collect();
+    let known = known_objects_of(pool, ctx, &unserved).await?;
+    // A stale cache may miss a just-created object of a deleting claim: ask before finishing it.
+    let missing: Vec<AnyClaim> = claims
+        .releasing
+        .iter()
+        .filter(|c| !addresses.contains_key(&claim_key(c)))
+        .cloned()
+        .collect();
+    let fresh = match missing.is_empty() {
+        true => None,
+        false => Some(fresh_objects_of(pool, ctx, missing).await?),
+    };
+    let orphaned = orphaned_objects(ctx, &claims, &addresses).await?;
+    Ok(Observed {
+        claims,
+        addresses,
+        extras,
+        named,
+        known,
+        fresh,
+        orphaned,
+    })
+}
+
+pub(super) struct Selected {
+    /// Live claims with the finalizer, ready to be served.
+    pub(super) live: Vec<AnyClaim>,
+    /// Deleting claims whose release may proceed now.
+    pub(super) releasing: Vec<AnyClaim>,
+    /// Earliest end of an address-reuse grace period still running.
+    pub(super) grace_wait: Option<Duration>,
+    /// Every claim naming the pool, as (kind, namespace, name) → UID.
+    pub(super) all: HashMap<ClaimKey, String>,
+    /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
+    /// again at once.
+    pub(super) again: bool,
+}
+
+/// When a claim was created, as precisely as the API server says: its creation second, then
+/// the order the server recorded claims in (`resourceVersion`, an etcd revision here). For a
+/// claim not yet changed since its creation, which is every claim still waiting for its first
+/// address, that is its creation order, as upstream's single worker sees it; kind, namespace
+/// and name break the remaining ties (a version that is not a number sorts after the rest).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Age {
+    created: Option<k8s_openapi::jiff::Timestamp>,
+    unordered: bool,
+    recorded: u64,
+    kind: ClaimKind,
+    namespace: String,
+    name: String,
+}
+
+/// Claims are served oldest first.
+pub(super) fn age(claim: &AnyClaim) -> Age {
+    let recorded = claim
+        .meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse::<u64>().ok());
+    Age {
+        created: claim.meta().creation_timestamp.as_ref().map(|t| t.0),
+        unordered: recorded.is_none(),
+        recorded: recorded.unwrap_or_default(),
+        kind: claim.kind(),
+        namespace: claim.namespace(),
+        name: claim.name(),
+    }
+}
+
+/// The pool's claims, oldest first, with finalizers added to new ones.
+pub(super) async fn select_claims<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    deleting_pool: bool,
+) -> Result<Selected, Error> {
+    // The reuse grace period does not hold up the release of a pool that is being deleted.
+    let grace = pool.reuse_grace().filter(|_| !deleting_pool);
+    let now = objects::now().0;
+    let mut claims = pool.claims(ctx);
+    claims.sort_by_key(age);
+    let mut selected = Selected {
+        live: Vec::new(),
+        releasing: Vec::new(),
+        grace_wait: None,
+        all: claims
+            .iter()
+            .map(|c| (claim_key(c), c.meta().uid.clone().unwrap_or_default()))
+            .collect(),
+        again: false,
+    };
+    let mut need_finalizer = Vec::new();
+    for claim in claims {
+        if !claim_may_proceed(&claim, ctx) {
+            continue;
+        }
+        let finalizer = P::claim_finalizer(claim.kind());
+        match &claim.meta().deletion_timestamp {
+            Some(deleted) => {
+                if !objects::has_finalizer(claim.meta(), finalizer) {
+                    continue;
+                }
+                let elapsed = objects::elapsed(deleted.0, now);
+                match grace.filter(|g| *g > elapsed) {
+                    Some(g) => {
+                        let wait = g - elapsed;
+                        selected.grace_wait =
+                            Some(selected.grace_wait.map_or(wait, |w| w.min(wait)));
+                    }
+                    None if selected.releasing.len() < BATCH => selected.releasing.push(claim),
+                    None => selected.again = true,
+                }
+            }
+            None if objects::has_finalizer(claim.meta(), finalizer) => selected.live.push(claim),
+            None if need_finalizer.len() < BATCH => need_finalizer.push(claim),
+            None => selected.again = true,
+        }
+    }
+    for (claim, patched) in add_claim_finalizers::<P>(ctx, need_finalizer).await? {
+        match patched {
+            FinalizerPatch::Done => selected.live.push(claim),
+            // Changed since the cache saw it: its watch event may already have been handled.
+            FinalizerPatch::Stale => selected.again = true,
+        }
+    }
+    // Oldest first: the finalizer patches above complete in any order.
+    selected.live.sort_by_key(age);
+    Ok(selected)
+}
+
+/// Adds the pool kind's claim finalizer to each of `claims`, in parallel.
+pub(super) async fn add_claim_finalizers<P: PoolDialect>(
+    ctx: &Arc<Context>,
+    claims: Vec<AnyClaim>,
+) -> Result<Vec<(AnyClaim, FinalizerPatch)>, Error> {
+    let added = in_parallel(claims, |claim| {
+        let ctx = ctx.clone();
+        async move {
+            let result = claim
+                .set_finalizer(&ctx, P::claim_finalizer(claim.kind()), true)
+                .await;
+            (claim, result)
+        }
+    })
+    .await;
+    added
+        .into_iter()
+        .map(|(claim, result)| Ok((claim, result?)))
+        .collect()
+}
+
+/// A paused pool serves and releases nothing, but still protects every live claim it has seen
+/// with its finalizer (as upstream does before it looks at the pause): a claim deleted while
+/// the pool is paused then waits for the pool instead of vanishing with its address held.
+pub(super) async fn protect_claims<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+) -> Result<Action, Error> {
+    let unprotected: Vec<AnyClaim> = pool
+        .claims(ctx)
+        .into_iter()
+        .filter(|c| {
+            !c.deleting()
+                && !objects::has_finalizer(c.meta(), P::claim_finalizer(c.kind()))
+                && claim_may_proceed(c, ctx)
+        })
+        .take(BATCH)
+        .collect();
+    let stale = add_claim_finalizers::<P>(ctx, unprotected)
+        .await?
+        .iter()
+        .any(|(_, patched)| *patched == FinalizerPatch::Stale);
+    Ok(match stale {
+        true => Action::requeue(Duration::from_millis(200)),
+        false => Action::await_change(),
+    })
+}
+
+pub(super) fn index_addresses(addresses: Vec<AnyAddress>) -> AddressIndex {
+    index_by_claim(addresses, &HashMap::new()).0
+}
+
+/// The address objects by claim, and the claims' second objects. A Metal3 pool names its
+/// objects after the address, so nothing but bitpool stops a claim from getting two (a watch
+/// that lagged, a crash between a create and the status naming it): the claim keeps the one
+/// its status names (`named`: claim → object name), else the oldest; the others are extras.
+pub(super) fn index_by_claim(
+    mut addresses: Vec<AnyAddress>,
+    named: &HashMap<ClaimKey, String>,
+) -> (AddressIndex, Vec<AnyAddress>) {
+    let rank = |a: &AnyAddress| {
+        let is_named = named.get(&address_key(a)) == Some(&a.name());
+        let created = a.meta().creation_timestamp.as_ref().map(|t| t.0);
+        (!is_named, created, a.name())
+    };
+    addresses.sort_by_cached_key(rank);
+    let mut index = AddressIndex::new();
+    let mut extras = Vec::new();
+    for address in addresses {
+        match index.entry(address_key(&address)) {
+            std::collections::hash_map::Entry::Occupied(_) => extras.push(address),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(address);
+            }
+        }
+    }
+    (index, extras)
+}
+
+/// The address objects of `claims` whose names are known without the cache (their status, or
+/// this process's memory of what it created), read from the server; only objects of this pool
+/// and of that claim count.
+pub(super) async fn known_objects_of<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    claims: &[AnyClaim],
+) -> Result<AddressIndex, Error> {
+    let known: Vec<(AnyClaim, String)> = claims
+        .iter()
+        .filter_map(|claim| {
+            let uid = claim.meta().uid.as_deref()?;
+            let name = claim
+                .status_address_name()
+                .or_else(|| ctx.recently_created_address(uid))?;
+            Some((claim.clone(), name))
+        })
+        .collect();
+    if known.is_empty() {
+        return Ok(AddressIndex::new());
+    }
+    let key = pool.key();
+    let read = in_parallel(known, |(claim, name)| async move {
+        let found = claim.fetch_address_named(ctx, &name).await;
+        (claim_key(&claim), found)
+    })
+    .await;
+    let mut index = AddressIndex::new();
+    for (claim, found) in read {
+        if let Some(object) = found?
+            && object.pool_key().as_ref() == Some(&key)
+            && address_key(&object) == claim
+        {
+            index.insert(claim, object);
+        }
+    }
+    Ok(index)
+}
+
+/// The address objects of `claims` read from the server: each by its name, in parallel, or when
+/// a name is not known, every object of the pool (a list: the exception).
+pub(super) async fn fresh_objects_of<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    claims: Vec<AnyClaim>,
+) -> Result<AddressIndex, Error> {
+    let key = pool.key();
+    let read = in_parallel(
+        claims,
+        |claim| async move { claim.fetch_address(ctx).await },
+    )
+    .await;
+    let mut found = Vec::new();
+    for result in read {
+        match result {
+            Ok(address) => found.extend(address),
+            Err(FetchError::Api(e)) => return Err(e),
+            Err(FetchError::NameUnknown) => {
+                return Ok(index_addresses(fresh_pool_addresses(pool, ctx).await?));
+            }
+        }
+    }
+    // Only objects of this pool count (a name may be taken by another pool's object).
+    found.retain(|a| a.pool_key().as_ref() == Some(&key));
+    Ok(index_addresses(found))
+}
+
+/// Address objects of the pool whose claim is gone (checked on the server, at most a batch at a
+/// time, in parallel): left behind by a crash between a claim's release and its address object's
+/// deletion, or created from a stale view of a claim that was being deleted.
+pub(super) async fn orphaned_objects(
+    ctx: &Context,
+    claims: &Selected,
+    addresses: &AddressIndex,
+) -> Result<Vec<AnyAddress>, Error> {
+    let suspects: Vec<(ClaimKey, AnyAddress)> = addresses
+        .iter()
+        .filter(|(key, address)| {
+            let owner = address.claim_uid();
+            // Unknown here, or known with another UID than the object's owner.
+            claims
+                .all
+                .get(*key)
+                .is_none_or(|uid| owner.as_ref().is_some_and(|o| o != uid))
+        })
+        // Only then the lock: most objects of a pool have their claim.
+        .filter(|(_, address)| {
+            let uid = address.meta().uid.as_deref().unwrap_or_default();
+            !ctx.recently_deleted_address(uid)
+        })
+        .take(BATCH)
+        .map(|(key, address)| (key.clone(), address.clone()))
+        .collect();
+    let checked = in_parallel(suspects, |((kind, namespace, name), address)| async move {
+        let current = AnyClaim::fetch(ctx, kind, &namespace, &name).await;
+        (address, current)
+    })
+    .await;
+    let mut orphaned = Vec::new();
+    for (address, current) in checked {
+        let owner = address.claim_uid();
+        let alive = current?.is_some_and(|uid| owner.as_ref().is_none_or(|o| *o == uid));
+        if !alive {
+            orphaned.push(address);
+        }
+    }
+    Ok(orphaned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::metal3_ipam;
+    use kube::api::ObjectMeta;
+
+    fn claim(namespace: &str, name: &str, second: i64, version: &str) -> AnyClaim {
+        let mut claim = crate::api::capi::IPAddressClaim {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                resource_version: Some(version.into()),
+                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(second).expect("a time"),
+                )),
+                ..Default::default()
+            },
+            spec: Default::default(),
+            status: None,
+        };
+        claim.metadata.uid = Some(format!("{namespace}/{name}"));
+        AnyClaim::Capi(Arc::new(claim))
+    }
+
+    /// Within one second, claims are served in the order the server recorded them, whatever
+    /// their namespaces and names; an older second always goes first.
+    #[test]
+    fn claims_are_served_in_creation_order() {
+        let cases = [
+            // (namespace, name, creation second, resourceVersion), in the expected order.
+            vec![
+                ("ns-z", "test", 10, "100"),
+                ("ns-a", "test-second", 10, "101"),
+            ],
+            vec![("b", "later-name", 10, "9"), ("a", "a", 10, "10")],
+            vec![("z", "z", 9, "500"), ("a", "a", 10, "100")],
+            vec![("a", "a", 10, "7"), ("a", "b", 10, "not-a-number")],
+        ];
+        for expected in cases {
+            let mut claims: Vec<AnyClaim> = expected
+                .iter()
+                .rev()
+                .map(|(ns, name, second, version)| claim(ns, name, *second, version))
+                .collect();
+            claims.sort_by_key(age);
+            let order: Vec<String> = claims.iter().map(AnyClaim::name).collect();
+            let want: Vec<String> = expected.iter().map(|(_, n, _, _)| n.to_string()).collect();
+            assert_eq!(order, want);
+        }
+    }
+
+    fn metal3_object(claim: &str, ip: &str, second: i64) -> AnyAddress {
+        let reference = |name: &str| k8s_openapi::api::core::v1::ObjectReference {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        };
+        AnyAddress::Metal3(Arc::new(metal3_ipam::Metal3IPAddress {
+            metadata: ObjectMeta {
+                name: Some(format!("p-{}", ip.replace('.', "-"))),
+                namespace: Some("ns".into()),
+                creation_timestamp: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(second).expect("a time"),
+                )),
+                ..Default::default()
+            },
+            spec: metal3_ipam::Metal3IPAddressSpec {
+                claim: reference(claim),
+                pool: reference("p"),
+                address: ip.into(),
+                prefix: None,
+                gateway: None,
+                dns_servers: Vec::new(),
+            },
+        }))
+    }
+
+    /// A claim with two objects keeps the one its status names, else the oldest; the other is
+    /// an extra. One object per claim is no extra, whatever the order.
+    #[test]
+    fn a_claims_second_object_is_an_extra() {
+        let key = |claim: &str| (ClaimKind::Metal3, "ns".to_string(), claim.to_string());
+        let objects = || {
+            vec![
+                metal3_object("c", "10.0.0.2", 20),
+                metal3_object("c", "10.0.0.1", 10),
+                metal3_object("d", "10.0.0.3", 5),
+            ]
+        };
+        let cases = [
+            (
+                "no status: the oldest",
+                HashMap::new(),
+                "p-10-0-0-1",
+                "p-10-0-0-2",
+            ),
+            (
+                "the status names the newer",
+                HashMap::from([(key("c"), "p-10-0-0-2".to_string())]),
+                "p-10-0-0-2",
+                "p-10-0-0-1",
+            ),
+            (
+                "the status names an object that is not there",
+                HashMap::from([(key("c"), "p-10-0-0-9".to_string())]),
+                "p-10-0-0-1",
+                "p-10-0-0-2",
+            ),
+        ];
+        for (case, named, kept, extra) in cases {
+            let (index, extras) = index_by_claim(objects(), &named);
+            assert_eq!(index[&key("c")].name(), kept, "{case}");
+            assert_eq!(index[&key("d")].name(), "p-10-0-0-3", "{case}");
+            let extras: Vec<String> = extras.iter().map(AnyAddress::name).collect();
+            assert_eq!(extras, [extra], "{case}");
+        }
+    }
+}

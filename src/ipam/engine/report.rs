@@ -1,0 +1,352 @@
+//! Report: claim finalizers and statuses, the pool's status, Events and metrics, and when to
+//! look at the pool again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+
+use super::commit::Transacted;
+use super::read::Selected;
+use super::{Batch, EXHAUSTED_RECHECK, ORPHAN_GRACE, Round, in_parallel};
+use crate::alloc::{self};
+use crate::ipam::Context;
+use crate::ipam::dialect::{PoolDialect, Report, fresh_pool_addresses};
+use crate::ipam::duplicates::{self, SharedAddress};
+use crate::ipam::intent::Refusal;
+use crate::ipam::key::PoolKey;
+use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
+use crate::ipam::ledger::{self};
+use crate::ipam::overlaps::{self, Covered, Overlap};
+use crate::ipam::transaction;
+use crate::ops::events::Reason;
+use crate::runtime::error::Error;
+use crate::runtime::objects;
+
+/// Report: claim finalizers and statuses, then (unless the pool is going) the pool's status,
+/// Events and when to look again. A ledger error waits until the releases are reported.
+pub(super) async fn report<P: PoolDialect>(
+    round: &Round<'_, P>,
+    mut batch: Batch,
+    done: Transacted,
+) -> Result<Action, Error> {
+    let (pool, ctx) = (round.pool, round.ctx);
+    let spec_error = round.spec_error.as_deref();
+    let key = pool.key();
+    let finished = std::mem::take(&mut batch.finished);
+    finish_claims(ctx, &key, finished, P::claim_finalizer).await?;
+    let statuses = std::mem::take(&mut batch.statuses);
+    write_statuses(ctx, &key, pool.object_ref(&()), statuses).await;
+    if let Some(e) = done.ledger_error {
+        return Err(e);
+    }
+    if pool.meta().deletion_timestamp.is_some() {
+        return finish_pool_deletion(pool, ctx).await;
+    }
+    let overlaps = overlapping_pools(pool, ctx);
+    let report = Report {
+        usage: done.usage.as_ref(),
+        ledger: &done.ledger,
+        spec_error,
+        holders: &batch.holders,
+        shared: &batch.shared,
+        overlaps: &overlaps,
+    };
+    report_shared(pool, ctx, &batch.shared);
+    report_foreign(pool, ctx, &batch.foreign);
+    report_overlaps(pool, ctx, &overlaps);
+    if let Some(patch) = pool.status_patch(&report) {
+        let api = pool.api_for(ctx.client.clone());
+        objects::merge_status(&api, &pool.name_any(), patch).await?;
+        if let Some(problem) = spec_error {
+            let note = format!("the pool hands out no address: {problem}");
+            ctx.ops
+                .events
+                .publish(pool.object_ref(&()), Reason::InvalidSpec, note);
+        }
+    }
+    let next = next_check(&batch, &done, &round.observed.claims, ctx, &key);
+    tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
+    Ok(Action::requeue(next))
+}
+
+/// What the two transactions did, as metrics and one log line.
+pub(super) fn count<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    batch: &Batch,
+    done: &Transacted,
+    reclaimed_objects: usize,
+) {
+    let metrics = &ctx.ops.metrics;
+    metrics.allocated(P::KIND.as_str(), batch.second.confirm.len());
+    let released = batch.second.release.len()
+        + batch.second.release_claims.len()
+        + batch.second.release_unbound.len();
+    metrics.released(P::KIND.as_str(), released);
+    if let Some(usage) = &done.usage {
+        metrics.pool_usage(&pool_labels(&pool.key()), &usage.counts);
+    }
+    if !batch.first.allocate.is_empty() || !batch.second.is_empty() || reclaimed_objects > 0 {
+        tracing::info!(
+            pool = %pool.key().describe(),
+            pending = batch.first.allocate.len(),
+            created = batch.second.confirm.len(),
+            released = batch.second.release_claims.len(),
+            reclaimed = batch.second.release_unbound.len() + reclaimed_objects,
+            "reconciled"
+        );
+    }
+}
+
+/// Says so when the pool's objects hold an address for more than one claim: the log, an Event
+/// and the metric (the status says it too, where the pool kind has conditions).
+pub(super) fn report_shared<P: PoolDialect>(pool: &P, ctx: &Context, shared: &[SharedAddress]) {
+    ctx.ops
+        .metrics
+        .pool_duplicated(&pool_labels(&pool.key()), shared.len());
+    if shared.is_empty() {
+        return;
+    }
+    let message = duplicates::message(shared, |a| pool.show(a));
+    tracing::error!(pool = %pool.key().describe(), "{message}");
+    ctx.ops
+        .events
+        .publish(pool.object_ref(&()), Reason::DuplicateAddress, message);
+}
+
+/// Says so when address objects name the pool with addresses it did not hand out (made by hand,
+/// or by another provider): the log and an Event. Nothing is adopted, fenced or freed for them.
+pub(super) fn report_foreign<P: PoolDialect>(pool: &P, ctx: &Context, foreign: &[AnyAddress]) {
+    let named: BTreeMap<String, String> = foreign
+        .iter()
+        .filter_map(|a| Some((a.describe(), pool.show(pool.held(a)?))))
+        .collect();
+    let Some((first, address)) = named.iter().next() else {
+        return;
+    };
+    let message = format!(
+        "{} address object(s) name this pool with an address it did not hand out (for example {first}, {address}): bitpool did not make them, and neither adopts nor frees an address for them",
+        named.len()
+    );
+    tracing::warn!(pool = %pool.key().describe(), "{message}");
+    ctx.ops
+        .events
+        .publish(pool.object_ref(&()), Reason::ForeignAddress, message);
+}
+
+/// The pools of one kind that hand out addresses, by key, from their cache.
+pub fn covered_pools<Q: PoolDialect>(
+    store: &Store<Q>,
+) -> impl Iterator<Item = (PoolKey, Covered)> + use<Q> {
+    store
+        .state()
+        .into_iter()
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.key(), p.covered()?)))
+}
+
+/// Other pools, of every kind, whose addresses meet this one's (from the caches).
+pub(super) fn overlapping_pools<P: PoolDialect>(pool: &P, ctx: &Context) -> Vec<Overlap> {
+    let Some(own) = pool.covered() else {
+        return Vec::new();
+    };
+    let key = pool.key();
+    let others = covered_pools(&ctx.pools)
+        .chain(covered_pools(&ctx.global_pools))
+        .chain(covered_pools(&ctx.prefix_pools))
+        .chain(covered_pools(&ctx.global_prefix_pools))
+        .chain(covered_pools(&ctx.ippools))
+        .filter(|(other, _)| *other != key)
+        .map(|(other, covered)| (other.describe(), covered));
+    overlaps::find(&own, others)
+}
+
+/// Says so when the pool meets others: an Event and the metric (and the status, where the
+/// pool kind has conditions).
+pub(super) fn report_overlaps<P: PoolDialect>(pool: &P, ctx: &Context, overlaps: &[Overlap]) {
+    ctx.ops
+        .metrics
+        .pool_overlaps(&pool_labels(&pool.key()), overlaps.len());
+    if !overlaps.is_empty() {
+        let message = overlaps::message(overlaps);
+        ctx.ops
+            .events
+            .publish(pool.object_ref(&()), Reason::PoolsOverlap, message);
+    }
+}
+
+pub(super) async fn finish_claims(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    finished: Vec<AnyClaim>,
+    finalizer: fn(ClaimKind) -> &'static str,
+) -> Result<(), Error> {
+    let removals = in_parallel(finished, |claim| {
+        let ctx = ctx.clone();
+        async move {
+            let result = claim
+                .set_finalizer(&ctx, finalizer(claim.kind()), false)
+                .await;
+            (claim, result)
+        }
+    })
+    .await;
+    for (claim, removal) in removals {
+        if let Err(e) = removal {
+            tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "releasing the claim's finalizer failed");
+            return Err(e);
+        }
+        let note = format!("the address went back to {}", key.describe());
+        ctx.ops
+            .events
+            .publish(claim.object_ref(), Reason::AddressReleased, note);
+    }
+    Ok(())
+}
+
+/// Writes the claims' statuses; a status that changed is also told as an Event.
+pub(super) async fn write_statuses(
+    ctx: &Arc<Context>,
+    key: &PoolKey,
+    pool: ObjectReference,
+    statuses: Vec<(AnyClaim, Outcome)>,
+) {
+    let writes = in_parallel(statuses, |(claim, outcome)| {
+        let ctx = ctx.clone();
+        async move {
+            let result = claim.write_status(&ctx, &outcome).await;
+            (claim, outcome, result)
+        }
+    })
+    .await;
+    let mut newly_exhausted = 0;
+    for (claim, outcome, write) in writes {
+        match write {
+            Ok(true) => {
+                if let Some(Reason::PoolExhausted) = claim_event(ctx, key, &claim, &outcome) {
+                    newly_exhausted += 1;
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(pool = %key.describe(), claim = %claim.describe(), error = %e, "claim status not written; retrying later")
+            }
+        }
+    }
+    if newly_exhausted > 0 {
+        let note = format!("no free address for {newly_exhausted} new claim(s)");
+        ctx.ops.events.publish(pool, Reason::PoolExhausted, note);
+    }
+}
+
+/// Tells a claim's new status as an Event; says which.
+pub(super) fn claim_event(
+    ctx: &Context,
+    key: &PoolKey,
+    claim: &AnyClaim,
+    outcome: &Outcome,
+) -> Option<Reason> {
+    let (reason, note) = match outcome {
+        Outcome::Allocated { address, .. } => (
+            Reason::AddressAllocated,
+            format!("allocated {address} from {}", key.describe()),
+        ),
+        Outcome::Refused {
+            refusal: Refusal::Alloc(alloc::AllocError::Exhausted),
+            pool,
+            ..
+        } => (
+            Reason::PoolExhausted,
+            format!("{pool} has no free address; the claim waits for one"),
+        ),
+        _ => return None,
+    };
+    ctx.ops.events.publish(claim.object_ref(), reason, note);
+    Some(reason)
+}
+
+/// When to look at the pool again.
+pub(super) fn next_check(
+    batch: &Batch,
+    done: &Transacted,
+    claims: &Selected,
+    ctx: &Context,
+    key: &PoolKey,
+) -> Duration {
+    let outcomes = &done.outcomes;
+    let mut next = batch.next.unwrap_or(ctx.settings.sync_period);
+    let waiting = |refusal: fn(&Refusal) -> bool| {
+        outcomes
+            .values()
+            .any(|o| o.as_ref().err().is_some_and(refusal))
+    };
+    let exhausted = waiting(|r| matches!(r, Refusal::Alloc(alloc::AllocError::Exhausted)));
+    let freed = !batch.second.release.is_empty()
+        || !batch.second.release_claims.is_empty()
+        || !batch.second.release_unbound.is_empty();
+    if exhausted && freed {
+        // Claims refused for exhaustion in the first transaction get what the second freed.
+        next = next.min(Duration::from_millis(100));
+    } else if exhausted {
+        // A release normally triggers a reconcile by its events; this is the safety net.
+        next = next.min(EXHAUSTED_RECHECK);
+    }
+    if waiting(|r| matches!(r, Refusal::Fenced { .. })) {
+        next = next.min(Duration::from_secs(5));
+    }
+    if let Some(wait) = claims.grace_wait {
+        next = next.min(wait);
+    }
+    if ctx.orphan_watch(key).is_some() {
+        next = next.min(ORPHAN_GRACE);
+    }
+    if !batch.first.release_unlanded.is_empty() || !done.ledger.pending.is_empty() {
+        // A reservation left is completed by its claim's next reconcile, or, its claim gone,
+        // freed once no create of it can land: whichever event comes, this one does.
+        next = next.min(ledger::IN_FLIGHT_BOUND);
+    }
+    next
+}
+
+/// A pool being deleted keeps its finalizer while any address object refers to it, unless it
+/// carries the skip annotation (for `clusterctl move`).
+pub(super) async fn finish_pool_deletion<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let api = pool.api_for(ctx.client.clone());
+    let skip = pool
+        .annotations()
+        .contains_key(crate::api::capi_pools::SKIP_DELETE_CHECK_ANNOTATION);
+    let in_use = fresh_pool_addresses(pool, ctx).await?.len();
+    if in_use > 0 && !skip {
+        let message = format!(
+            "waiting for {in_use} address(es) of the pool to be released before deleting it"
+        );
+        let condition =
+            objects::condition("Ready", false, "Deleting", message, pool.meta().generation);
+        let patch = serde_json::json!({ "status": { "conditions": [condition] } });
+        // Metal3 IPPools have no conditions; their status rejects nothing but ignores it. The
+        // wait is reported again on the next look, so a failed write costs nothing.
+        let _ = objects::merge_status(&api, &pool.name_any(), patch).await;
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    transaction::forget(pool, ctx).await?;
+    objects::remove_finalizer(&api, pool, P::FINALIZER).await?;
+    ctx.ops.metrics.forget_pool(&pool_labels(&pool.key()));
+    Ok(Action::await_change())
+}
+
+/// A pool as its metrics name it.
+pub(super) fn pool_labels(key: &PoolKey) -> crate::ops::metrics::PoolLabels {
+    crate::ops::metrics::PoolLabels {
+        kind: key.kind.to_string(),
+        namespace: key.namespace.clone().unwrap_or_default(),
+        name: key.name.clone(),
+    }
+}
