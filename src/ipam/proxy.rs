@@ -19,7 +19,7 @@ use super::Context;
 use super::dialect::PoolDialect;
 use super::engine;
 use super::key::PoolKey;
-use super::kinds::{AnyAddress, AnyClaim, NewAddress, Outcome};
+use super::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
 use super::metal3::metal3_address;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
@@ -120,18 +120,21 @@ async fn reconcile_proxy(
     }
     let namespace = pool.namespace().unwrap_or_default();
     let pools: Api<IPPool> = Api::namespaced(ctx.client.clone(), &namespace);
-    let ipclaims: Api<IPClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let key = pool.key();
-    let mirrors: BTreeMap<String, AnyAddress> = pool
-        .addresses(&ctx, None)
-        .into_iter()
-        .filter(|a| matches!(a, AnyAddress::Metal3(_)))
-        .map(|a| (a.claim().1, a))
-        .collect();
-
+    let proxy = Proxy {
+        pool: &pool,
+        target: &target,
+        ctx: &ctx,
+        ipclaims: Api::namespaced(ctx.client.clone(), &namespace),
+        claims: Api::namespaced(ctx.client.clone(), &namespace),
+        mirrors: pool
+            .addresses(&ctx, None)
+            .into_iter()
+            .filter(|a| matches!(a, AnyAddress::Metal3(_)))
+            .map(|a| (a.claim().1, a))
+            .collect(),
+    };
     if pool.meta().deletion_timestamp.is_some() {
-        if mirrors.is_empty() {
+        if proxy.mirrors.is_empty() {
             objects::remove_finalizer(&pools, &*pool, IPPool::FINALIZER).await?;
             return Ok(Action::await_change());
         }
@@ -140,7 +143,7 @@ async fn reconcile_proxy(
     {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
-
+    let key = pool.key();
     let mut indexes = BTreeMap::new();
     let mut requeue = None;
     for ipclaim in ctx.ipclaims.state() {
@@ -149,110 +152,175 @@ async fn reconcile_proxy(
         {
             continue;
         }
-        let name = ipclaim.name_any();
-        let existing = claims
-            .get_opt(&name)
-            .await
-            .call(Verb::Get, &claims, &name)?;
-        if ipclaim.meta().deletion_timestamp.is_some() {
-            if !objects::has_finalizer(ipclaim.meta(), CLAIM_FINALIZER) {
-                continue;
-            }
-            // Release: the mirror first, then the proxy claim (which releases the address).
-            if let Some(address) = mirrors.get(&name)
-                && !address.delete(&ctx, ADDRESS_FINALIZER).await?
-            {
-                requeue = Some(Duration::from_secs(1));
-                continue;
-            }
-            if let Some(proxy) = existing.filter(|c| owned_by(c, &ipclaim)) {
-                if proxy.meta().deletion_timestamp.is_none() {
-                    let _ = claims.delete(&name, &DeleteParams::background()).await;
-                }
-                requeue = Some(Duration::from_secs(1));
-                continue;
-            }
-            objects::remove_finalizer(&ipclaims, &*ipclaim, CLAIM_FINALIZER).await?;
-            continue;
-        }
-        if objects::add_finalizer(&ipclaims, &*ipclaim, CLAIM_FINALIZER).await?
-            == FinalizerPatch::Stale
-        {
-            requeue = Some(Duration::from_millis(200));
-            continue;
-        }
-        let any = AnyClaim::Metal3(ipclaim.clone());
-        let proxy = match existing {
-            Some(proxy) if owned_by(&proxy, &ipclaim) => proxy,
-            Some(_) => {
-                let message =
-                    format!("an IPAddressClaim named {name} exists and is not this claim's proxy");
-                any.write_status(&ctx, &Outcome::Failed(message)).await?;
-                continue;
-            }
-            None => {
-                let Some(proxy) = proxy_claim(&pool, &ipclaim, &target) else {
-                    continue;
-                };
-                match claims.create(&PostParams::default(), &proxy).await {
-                    Ok(created) => created,
-                    // Retried on its event.
-                    Err(kube::Error::Api(s)) if s.is_already_exists() => continue,
-                    Err(e) => return Err(Error::api(Verb::Create, object_of(&claims, &name), e)),
-                }
-            }
+        let step = match ipclaim.meta().deletion_timestamp {
+            Some(_) => proxy.release_one(&ipclaim).await?,
+            None => proxy.serve_one(&ipclaim).await?,
         };
-        match proxied(&ctx, &proxy).await? {
-            Proxied::Pending => {}
-            Proxied::Failed(message) => {
-                let patch = json!({ "status": { "errorMessage": message } });
-                if ipclaim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.error_message.as_deref())
-                    != Some(message.as_str())
-                {
-                    ipclaims
-                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                        .await
-                        .call(Verb::PatchStatus, &ipclaims, &name)?;
-                }
-            }
-            Proxied::Allocated(address) => {
-                let (Some(object), Ok(ip)) = (
-                    mirror(&pool, &ipclaim, &address),
-                    address.spec.address.parse::<std::net::IpAddr>(),
-                ) else {
-                    continue;
-                };
-                // A mirror of an address that exists: no reservation's window applies.
-                let deadline =
-                    tokio::time::Instant::now() + crate::client::deadline::WRITE_DEADLINE;
-                let outcome = match object.create(&ctx, &any, deadline).await? {
-                    super::kinds::Created::Confirmed | super::kinds::Created::Own(_) => {
-                        indexes.insert(name.clone(), address.spec.address.clone());
-                        Outcome::Allocated {
-                            address_name: object.name(),
-                            address: ip.to_string(),
-                        }
-                    }
-                    super::kinds::Created::Conflict(message) => Outcome::Failed(message),
-                };
-                any.write_status(&ctx, &outcome).await?;
+        match step {
+            Step::Done => {}
+            Step::Again(after) => requeue = Some(after),
+            Step::Served(address) => {
+                indexes.insert(ipclaim.name_any(), address);
             }
         }
     }
-    let status = pool.status.clone().unwrap_or_default();
-    if status.indexes != indexes {
-        let patch = objects::indexes_patch(&status.indexes, &indexes, objects::now());
-        let name = pool.name_any();
-        pools
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .call(Verb::PatchStatus, &pools, &name)?;
-    }
+    write_indexes(&pools, &pool, indexes).await?;
     Ok(match requeue {
         Some(after) => Action::requeue(after),
         None => Action::requeue(Duration::from_secs(600)),
     })
+}
+
+/// What one IPClaim of a proxying pool came to.
+enum Step {
+    Done,
+    /// Look again after this long.
+    Again(Duration),
+    /// Served with this address (for the pool's `status.indexes`).
+    Served(String),
+}
+
+/// A Metal3 IPPool serving its IPClaims from a CAPI pool, for one reconcile.
+struct Proxy<'a> {
+    pool: &'a IPPool,
+    target: &'a IPPoolReference,
+    ctx: &'a Context,
+    ipclaims: Api<IPClaim>,
+    claims: Api<IPAddressClaim>,
+    /// The pool's Metal3 IPAddresses, by claim name.
+    mirrors: BTreeMap<String, AnyAddress>,
+}
+
+impl Proxy<'_> {
+    /// A deleting IPClaim: its mirror goes first, then its proxy claim (which releases the
+    /// address), then its finalizer.
+    async fn release_one(&self, ipclaim: &IPClaim) -> Result<Step, Error> {
+        if !objects::has_finalizer(ipclaim.meta(), CLAIM_FINALIZER) {
+            return Ok(Step::Done);
+        }
+        let name = ipclaim.name_any();
+        let existing = self.claims.get_opt(&name).await;
+        let existing = existing.call(Verb::Get, &self.claims, &name)?;
+        if let Some(address) = self.mirrors.get(&name)
+            && !address.delete(self.ctx, ADDRESS_FINALIZER).await?
+        {
+            return Ok(Step::Again(Duration::from_secs(1)));
+        }
+        if let Some(proxy) = existing.filter(|c| owned_by(c, ipclaim)) {
+            if proxy.meta().deletion_timestamp.is_none() {
+                let _ = self.claims.delete(&name, &DeleteParams::background()).await;
+            }
+            return Ok(Step::Again(Duration::from_secs(1)));
+        }
+        objects::remove_finalizer(&self.ipclaims, ipclaim, CLAIM_FINALIZER).await?;
+        Ok(Step::Done)
+    }
+
+    /// A live IPClaim: its proxy claim made, and once that is served, the address mirrored as
+    /// a Metal3 IPAddress and written to the IPClaim's status.
+    async fn serve_one(&self, ipclaim: &Arc<IPClaim>) -> Result<Step, Error> {
+        if objects::add_finalizer(&self.ipclaims, &**ipclaim, CLAIM_FINALIZER).await?
+            == FinalizerPatch::Stale
+        {
+            return Ok(Step::Again(Duration::from_millis(200)));
+        }
+        let Some(proxy) = self.proxy_of(ipclaim).await? else {
+            return Ok(Step::Done);
+        };
+        match proxied(self.ctx, &proxy).await? {
+            Proxied::Pending => Ok(Step::Done),
+            Proxied::Failed(message) => {
+                self.tell_failure(ipclaim, message).await?;
+                Ok(Step::Done)
+            }
+            Proxied::Allocated(address) => self.mirror(ipclaim, &address).await,
+        }
+    }
+
+    /// The IPClaim's proxy claim, made if it is missing; `None` (its status says why, or its
+    /// event comes) when there is none to use.
+    async fn proxy_of(&self, ipclaim: &Arc<IPClaim>) -> Result<Option<IPAddressClaim>, Error> {
+        let name = ipclaim.name_any();
+        let existing = self.claims.get_opt(&name).await;
+        match existing.call(Verb::Get, &self.claims, &name)? {
+            Some(proxy) if owned_by(&proxy, ipclaim) => Ok(Some(proxy)),
+            Some(_) => {
+                let message =
+                    format!("an IPAddressClaim named {name} exists and is not this claim's proxy");
+                let any = AnyClaim::Metal3(ipclaim.clone());
+                any.write_status(self.ctx, &Outcome::Failed(message))
+                    .await?;
+                Ok(None)
+            }
+            None => {
+                let Some(proxy) = proxy_claim(self.pool, ipclaim, self.target) else {
+                    return Ok(None);
+                };
+                match self.claims.create(&PostParams::default(), &proxy).await {
+                    Ok(created) => Ok(Some(created)),
+                    // Retried on its event.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(None),
+                    Err(e) => Err(Error::api(Verb::Create, object_of(&self.claims, &name), e)),
+                }
+            }
+        }
+    }
+
+    /// Writes the proxy claim's failure to the IPClaim's status, unless it says so already.
+    async fn tell_failure(&self, ipclaim: &IPClaim, message: String) -> Result<(), Error> {
+        let current = ipclaim
+            .status
+            .as_ref()
+            .and_then(|s| s.error_message.as_deref());
+        if current == Some(message.as_str()) {
+            return Ok(());
+        }
+        let name = ipclaim.name_any();
+        let patch = json!({ "status": { "errorMessage": message } });
+        self.ipclaims
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .call(Verb::PatchStatus, &self.ipclaims, &name)
+            .map(drop)
+    }
+
+    /// The proxy claim's address mirrored as the IPClaim's Metal3 IPAddress, and the outcome
+    /// written to the IPClaim's status.
+    async fn mirror(&self, ipclaim: &Arc<IPClaim>, address: &IPAddress) -> Result<Step, Error> {
+        let (Some(object), Ok(ip)) = (
+            mirror(self.pool, ipclaim, address),
+            address.spec.address.parse::<std::net::IpAddr>(),
+        ) else {
+            return Ok(Step::Done);
+        };
+        // A mirror of an address that exists: no reservation's window applies.
+        let deadline = tokio::time::Instant::now() + crate::client::deadline::WRITE_DEADLINE;
+        let any = AnyClaim::Metal3(ipclaim.clone());
+        let (outcome, step) = match object.create(self.ctx, &any, deadline).await? {
+            Created::Confirmed | Created::Own(_) => (
+                Outcome::Allocated {
+                    address_name: object.name(),
+                    address: ip.to_string(),
+                },
+                Step::Served(address.spec.address.clone()),
+            ),
+            Created::Conflict(message) => (Outcome::Failed(message), Step::Done),
+        };
+        any.write_status(self.ctx, &outcome).await?;
+        Ok(step)
+    }
+}
+
+/// The pool's `status.indexes`: which claim holds which address, as upstream keeps them.
+async fn write_indexes(
+    pools: &Api<IPPool>,
+    pool: &IPPool,
+    indexes: BTreeMap<String, String>,
+) -> Result<(), Error> {
+    let status = pool.status.clone().unwrap_or_default();
+    if status.indexes == indexes {
+        return Ok(());
+    }
+    let patch = objects::indexes_patch(&status.indexes, &indexes, objects::now());
+    objects::merge_status(pools, &pool.name_any(), patch).await
 }

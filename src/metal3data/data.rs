@@ -144,105 +144,162 @@ fn owner_named<'a>(meta: &'a ObjectMeta, kind: &str, group: &str) -> Option<&'a 
 }
 
 async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Result<Step, Error> {
+    let inputs = match read_inputs(data, ctx).await? {
+        Ok(inputs) => inputs,
+        Err(step) => return Ok(step),
+    };
+    let pinned = pin_secret_names(data, api, &inputs).await?;
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &inputs.namespace);
+    let meta_missing = secret_missing(&secrets, pinned.meta_data.as_ref()).await?;
+    let network_missing = secret_missing(&secrets, pinned.network_data.as_ref()).await?;
+    if !meta_missing && !network_missing {
+        return Ok(Step::Ready);
+    }
+    let resolved = resolve_host(&ctx.client, &inputs.namespace, data, &inputs.metal3_machine);
+    let (host, host_name) = match resolved.await? {
+        Ok(found) => found,
+        Err(step) => return Ok(step),
+    };
+    let addresses = match collect_addresses(data, ctx, &inputs.template, &host, &host_name).await? {
+        Ok(addresses) => addresses,
+        Err(step) => return Ok(step),
+    };
+    let spec = &inputs.template.spec;
+    // Rendered only where a secret is missing: one written before is never rendered again.
+    let meta = (spec.meta_data.as_ref())
+        .zip(pinned.meta_data.as_ref())
+        .filter(|_| meta_missing)
+        .map(|(template, reference)| (render::meta_data(template, &host, &addresses), reference));
+    let network = (spec.network_data.as_ref())
+        .zip(pinned.network_data.as_ref())
+        .filter(|_| network_missing)
+        .map(|(template, reference)| {
+            (render::network_data(template, &host, &addresses), reference)
+        });
+    let cluster = secret_cluster(&inputs.template, data);
+    for (key, rendered) in [("metaData", meta), ("networkData", network)] {
+        match rendered {
+            Some((Ok(text), reference)) => {
+                create_secret(&secrets, data, reference, &cluster, key, text).await?
+            }
+            Some((Err(e), _)) => return Ok(Step::Failed(e.to_string())),
+            None => {}
+        }
+    }
+    tracing::info!(data = %data.name_any(), "rendered metaData and networkData");
+    Ok(Step::Ready)
+}
+
+/// What a Metal3Data is rendered from: its template, and its claim's Metal3Machine.
+struct Inputs {
+    namespace: String,
+    template: Arc<Metal3DataTemplate>,
+    metal3_machine: Metal3Machine,
+}
+
+/// The template (from the cache), the claim (from the cache) and the claim's Metal3Machine
+/// (read at the version the API server serves); a missing one is waited for.
+async fn read_inputs(data: &Metal3Data, ctx: &Context) -> Result<Result<Inputs, Step>, Error> {
     let namespace = data.namespace().unwrap_or_default();
-    let client = &ctx.client;
     let Some(template_name) = data.spec.template.name.clone() else {
-        return Ok(Step::Failed("spec.template has no name".into()));
+        return Ok(Err(Step::Failed("spec.template has no name".into())));
     };
     let Some(template) = ctx
         .data_templates
         .get(&ObjectRef::new(&template_name).within(&namespace))
     else {
-        return Ok(Step::Waiting(format!(
-            "Metal3DataTemplate {template_name} not found"
-        )));
+        let why = format!("Metal3DataTemplate {template_name} not found");
+        return Ok(Err(Step::Waiting(why)));
     };
     if let Some(cluster) = data.labels().get(labels::CLUSTER_NAME)
         && !template.spec.cluster_name.is_empty()
         && *cluster != template.spec.cluster_name
     {
-        return Ok(Step::Failed(
-            "Metal3DataTemplate associated with another cluster".into(),
-        ));
+        let why = "Metal3DataTemplate associated with another cluster";
+        return Ok(Err(Step::Failed(why.into())));
     }
     let Some(claim_name) = data.spec.claim.name.clone() else {
-        return Ok(Step::Failed("spec.claim has no name".into()));
+        return Ok(Err(Step::Failed("spec.claim has no name".into())));
     };
     let Some(claim) = ctx
         .data_claims
         .get(&ObjectRef::new(&claim_name).within(&namespace))
     else {
-        return Ok(Step::Waiting(format!(
-            "Metal3DataClaim {claim_name} not found"
-        )));
+        let why = format!("Metal3DataClaim {claim_name} not found");
+        return Ok(Err(Step::Waiting(why)));
     };
-    let Some(machine_name) = owner_named(
-        claim.meta(),
-        "Metal3Machine",
-        crate::api::metal3_data::GROUP,
-    ) else {
-        return Ok(Step::Failed(
-            "Metal3Machine not found in owner references".into(),
-        ));
+    let group = crate::api::metal3_data::GROUP;
+    let Some(machine_name) = owner_named(claim.meta(), "Metal3Machine", group) else {
+        let why = "Metal3Machine not found in owner references";
+        return Ok(Err(Step::Failed(why.into())));
     };
     let machines = Api::<AnyMetal3Machine>::namespaced_with(
-        client.clone(),
+        ctx.client.clone(),
         &namespace,
         &metal3_machine_resource(ctx.settings.metal3_machine_version),
     );
-    let Some(metal3_machine) = objects::get_optional(&machines, machine_name)
-        .await?
-        .map(Metal3Machine::from)
-    else {
-        return Ok(Step::Waiting(format!(
-            "Metal3Machine {machine_name} not found"
-        )));
+    let found = objects::get_optional(&machines, machine_name).await?;
+    let Some(metal3_machine) = found.map(Metal3Machine::from) else {
+        let why = format!("Metal3Machine {machine_name} not found");
+        return Ok(Err(Step::Waiting(why)));
     };
+    Ok(Ok(Inputs {
+        namespace,
+        template,
+        metal3_machine,
+    }))
+}
 
-    // Secrets keep their names once set, and are never rendered twice: a host re-provisions
-    // into exactly the state it had.
-    let meta_ref = template.spec.meta_data.as_ref().map(|_| {
-        secret_ref(
-            data.spec.meta_data.as_ref(),
-            &metal3_machine.name_any(),
-            "metadata",
-            &namespace,
-        )
-    });
-    let network_ref = template.spec.network_data.as_ref().map(|_| {
-        secret_ref(
-            data.spec.network_data.as_ref(),
-            &metal3_machine.name_any(),
-            "networkdata",
-            &namespace,
-        )
-    });
-    if meta_ref.as_ref() != data.spec.meta_data.as_ref()
-        || network_ref.as_ref() != data.spec.network_data.as_ref()
+/// The secrets a Metal3Data renders into.
+struct Pinned {
+    meta_data: Option<SecretReference>,
+    network_data: Option<SecretReference>,
+}
+
+/// Names the secrets in the Metal3Data's spec. Secrets keep their names once set, and are never
+/// rendered twice: a host re-provisions into exactly the state it had.
+async fn pin_secret_names(
+    data: &Metal3Data,
+    api: &Api<Metal3Data>,
+    inputs: &Inputs,
+) -> Result<Pinned, Error> {
+    let machine = inputs.metal3_machine.name_any();
+    let spec = &inputs.template.spec;
+    let pin = |current: Option<&SecretReference>, suffix: &str| {
+        secret_ref(current, &machine, suffix, &inputs.namespace)
+    };
+    let pinned = Pinned {
+        meta_data: (spec.meta_data.as_ref()).map(|_| pin(data.spec.meta_data.as_ref(), "metadata")),
+        network_data: (spec.network_data.as_ref())
+            .map(|_| pin(data.spec.network_data.as_ref(), "networkdata")),
+    };
+    if pinned.meta_data.as_ref() != data.spec.meta_data.as_ref()
+        || pinned.network_data.as_ref() != data.spec.network_data.as_ref()
     {
-        let patch = json!({ "spec": { "metaData": meta_ref, "networkData": network_ref } });
+        let patch =
+            json!({ "spec": { "metaData": pinned.meta_data, "networkData": pinned.network_data } });
         objects::merge_patch(api, &data.name_any(), patch).await?;
     }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-    let meta_missing = secret_missing(&secrets, meta_ref.as_ref()).await?;
-    let network_missing = secret_missing(&secrets, network_ref.as_ref()).await?;
-    if !meta_missing && !network_missing {
-        return Ok(Step::Ready);
-    }
+    Ok(pinned)
+}
 
-    let (host, host_name) = match resolve_host(client, &namespace, data, &metal3_machine).await? {
-        Ok(found) => found,
-        Err(step) => return Ok(step),
-    };
-
-    let references = match render::referenced_pools(&template.spec, Some(&host)) {
+/// An address from every pool the template references for this host, each through a claim of
+/// the pool's kind; what is still missing is waited for, what cannot be had fails.
+async fn collect_addresses(
+    data: &Metal3Data,
+    ctx: &Context,
+    template: &Metal3DataTemplate,
+    host: &Host,
+    host_name: &str,
+) -> Result<Result<PoolAddresses, Step>, Error> {
+    let references = match render::referenced_pools(&template.spec, Some(host)) {
         Ok(references) => references,
-        Err(e) => return Ok(Step::Failed(e.to_string())),
+        Err(e) => return Ok(Err(Step::Failed(e.to_string()))),
     };
     let mut addresses = PoolAddresses::new();
     let (mut waiting, mut failed) = (vec![], vec![]);
     for (pool, reference) in &references {
-        match ensure_claim(data, ctx, reference, &host_name).await? {
+        match ensure_claim(data, ctx, reference, host_name).await? {
             ClaimState::Address(address) => {
                 addresses.insert(pool.clone(), address);
             }
@@ -251,42 +308,24 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
         }
     }
     if !failed.is_empty() {
-        return Ok(Step::Failed(failed.join("; ")));
+        return Ok(Err(Step::Failed(failed.join("; "))));
     }
     if !waiting.is_empty() {
-        return Ok(Step::Waiting(waiting.join("; ")));
+        return Ok(Err(Step::Waiting(waiting.join("; "))));
     }
+    Ok(Ok(addresses))
+}
 
-    // CAPM3 labels the secrets with the template's Cluster; a template shared by several
-    // clusters names none, and the Metal3Data's own Cluster is the one.
-    let cluster = template
+/// The Cluster the secrets are labelled with: CAPM3 labels them with the template's Cluster; a
+/// template shared by several clusters names none, and the Metal3Data's own Cluster is the one.
+fn secret_cluster(template: &Metal3DataTemplate, data: &Metal3Data) -> String {
+    template
         .labels()
         .get(labels::CLUSTER_NAME)
         .or_else(|| Some(&template.spec.cluster_name).filter(|c| !c.is_empty()))
         .or_else(|| data.labels().get(labels::CLUSTER_NAME))
         .cloned()
-        .unwrap_or_default();
-    if let (true, Some(meta), Some(reference)) = (meta_missing, &template.spec.meta_data, &meta_ref)
-    {
-        match render::meta_data(meta, &host, &addresses) {
-            Ok(text) => {
-                create_secret(&secrets, data, reference, &cluster, "metaData", text).await?
-            }
-            Err(e) => return Ok(Step::Failed(e.to_string())),
-        }
-    }
-    if let (true, Some(network), Some(reference)) =
-        (network_missing, &template.spec.network_data, &network_ref)
-    {
-        match render::network_data(network, &host, &addresses) {
-            Ok(text) => {
-                create_secret(&secrets, data, reference, &cluster, "networkData", text).await?
-            }
-            Err(e) => return Ok(Step::Failed(e.to_string())),
-        }
-    }
-    tracing::info!(data = %data.name_any(), "rendered metaData and networkData");
-    Ok(Step::Ready)
+        .unwrap_or_default()
 }
 
 /// The host a Metal3Data renders for: its Metal3Machine's Machine and BareMetalHost, with the

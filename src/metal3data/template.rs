@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
@@ -89,22 +90,8 @@ pub async fn reconcile(
         .ok_or_else(|| Error::MissingNamespace(template.name_any()))?;
     let name = template.name_any();
     let templates: Api<Metal3DataTemplate> = Api::namespaced(ctx.client.clone(), &namespace);
-    let datas: Api<Metal3Data> = Api::namespaced(ctx.client.clone(), &namespace);
-    let claims_api: Api<Metal3DataClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-
     let data_of_template = of_template(&ctx.datas, &namespace, &name, |d| &d.spec.template);
     let claims = of_template(&ctx.data_claims, &namespace, &name, |c| &c.spec.template);
-    let mut by_claim: BTreeMap<String, Arc<Metal3Data>> = BTreeMap::new();
-    for data in &data_of_template {
-        if let Some(claim) = &data.spec.claim.name {
-            let keep = by_claim
-                .get(claim)
-                .is_none_or(|kept| data.spec.index < kept.spec.index);
-            if keep {
-                by_claim.insert(claim.clone(), data.clone());
-            }
-        }
-    }
 
     let deleting = template.meta().deletion_timestamp.is_some();
     if !deleting && template_paused(&template, &ctx, &namespace) {
@@ -117,59 +104,17 @@ pub async fn reconcile(
     {
         return Ok(Action::requeue(RETRY));
     }
-
-    // Indexes in use, or reserved by a claim whose Metal3Data is not created yet.
-    let mut taken: BTreeSet<i64> = data_of_template.iter().map(|d| d.spec.index).collect();
+    let mut pass = Pass {
+        template: &template,
+        datas: Api::namespaced(ctx.client.clone(), &namespace),
+        claims: Api::namespaced(ctx.client.clone(), &namespace),
+        by_claim: first_data_by_claim(&data_of_template),
+        taken: taken_indexes(&data_of_template, &claims, &name),
+        retry: false,
+    };
     for claim in &claims {
-        if let Some(index) = reserved_index(claim, &name) {
-            taken.insert(index);
-        }
+        pass.claim(claim, deleting).await?;
     }
-
-    let mut retry = false;
-    for claim in &claims {
-        let claim_name = claim.name_any();
-        let data = by_claim.get(&claim_name);
-        if claim.meta().deletion_timestamp.is_some() || (deleting && data.is_none()) {
-            if let Some(data) = data {
-                // A Metal3Data written meanwhile keeps this finalizer: so does its claim, until a
-                // later pass, or nothing would be left to name the Metal3Data to release.
-                if objects::remove_finalizer(&datas, data, DATA_CLAIM_FINALIZER).await?
-                    == FinalizerPatch::Stale
-                {
-                    retry = true;
-                    continue;
-                }
-                objects::delete_ignoring_missing(&datas, &data.name_any()).await?;
-                // Shared watches do not report deletions: look again for the indexes.
-                retry = true;
-            }
-            retry |= objects::remove_finalizer(&claims_api, claim, DATA_CLAIM_FINALIZER).await?
-                == FinalizerPatch::Stale;
-            continue;
-        }
-        if deleting {
-            continue;
-        }
-        if !objects::has_finalizer(claim.meta(), DATA_CLAIM_FINALIZER) {
-            // The claim's resourceVersion changes: bind it on the next pass.
-            objects::add_finalizer(&claims_api, claim, DATA_CLAIM_FINALIZER).await?;
-            retry = true;
-            continue;
-        }
-        match data {
-            Some(data) => {
-                if claim_points_at(claim, &data.name_any()) {
-                    continue;
-                }
-                retry |= !bind(&claims_api, claim, &data.name_any()).await?;
-            }
-            None => {
-                retry |= !create_data(&template, claim, &mut taken, &datas, &claims_api).await?;
-            }
-        }
-    }
-
     write_indexes(&ctx, &template, &data_of_template).await?;
 
     if deleting {
@@ -181,11 +126,103 @@ pub async fn reconcile(
         // deletions), so poll until it is gone.
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    Ok(if retry {
+    Ok(if pass.retry {
         Action::requeue(RETRY)
     } else {
         Action::await_change()
     })
+}
+
+/// Each claim's Metal3Data: the one of the lowest index where a claim has several.
+fn first_data_by_claim(datas: &[Arc<Metal3Data>]) -> BTreeMap<String, Arc<Metal3Data>> {
+    let mut by_claim: BTreeMap<String, Arc<Metal3Data>> = BTreeMap::new();
+    for data in datas {
+        if let Some(claim) = &data.spec.claim.name {
+            let keep = by_claim
+                .get(claim)
+                .is_none_or(|kept| data.spec.index < kept.spec.index);
+            if keep {
+                by_claim.insert(claim.clone(), data.clone());
+            }
+        }
+    }
+    by_claim
+}
+
+/// Indexes in use, or reserved by a claim whose Metal3Data is not created yet.
+fn taken_indexes(
+    datas: &[Arc<Metal3Data>],
+    claims: &[Arc<Metal3DataClaim>],
+    template: &str,
+) -> BTreeSet<i64> {
+    let in_use = datas.iter().map(|d| d.spec.index);
+    let reserved = claims.iter().filter_map(|c| reserved_index(c, template));
+    in_use.chain(reserved).collect()
+}
+
+/// One pass of a template over its claims.
+struct Pass<'a> {
+    template: &'a Metal3DataTemplate,
+    datas: Api<Metal3Data>,
+    claims: Api<Metal3DataClaim>,
+    by_claim: BTreeMap<String, Arc<Metal3Data>>,
+    taken: BTreeSet<i64>,
+    /// Look again soon: something changed under a write, or is on its way.
+    retry: bool,
+}
+
+impl Pass<'_> {
+    /// A claim released (its Metal3Data deleted), bound to its Metal3Data, or given one.
+    async fn claim(&mut self, claim: &Metal3DataClaim, deleting: bool) -> Result<(), Error> {
+        let data = self.by_claim.get(&claim.name_any()).cloned();
+        if claim.meta().deletion_timestamp.is_some() || (deleting && data.is_none()) {
+            return self.release(claim, data.as_deref()).await;
+        }
+        if deleting {
+            return Ok(());
+        }
+        if !objects::has_finalizer(claim.meta(), DATA_CLAIM_FINALIZER) {
+            // The claim's resourceVersion changes: bind it on the next pass.
+            objects::add_finalizer(&self.claims, claim, DATA_CLAIM_FINALIZER).await?;
+            self.retry = true;
+            return Ok(());
+        }
+        match data {
+            Some(data) if claim_points_at(claim, &data.name_any()) => {}
+            Some(data) => self.retry |= !bind(&self.claims, claim, &data.name_any()).await?,
+            None => {
+                let (template, taken) = (self.template, &mut self.taken);
+                let created = create_data(template, claim, taken, &self.datas, &self.claims);
+                self.retry |= !created.await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A deleting claim (or any claim of a deleting template without a Metal3Data): its
+    /// Metal3Data goes, then its finalizer.
+    async fn release(
+        &mut self,
+        claim: &Metal3DataClaim,
+        data: Option<&Metal3Data>,
+    ) -> Result<(), Error> {
+        if let Some(data) = data {
+            // A Metal3Data written meanwhile keeps this finalizer: so does its claim, until a
+            // later pass, or nothing would be left to name the Metal3Data to release.
+            if objects::remove_finalizer(&self.datas, data, DATA_CLAIM_FINALIZER).await?
+                == FinalizerPatch::Stale
+            {
+                self.retry = true;
+                return Ok(());
+            }
+            objects::delete_ignoring_missing(&self.datas, &data.name_any()).await?;
+            // Shared watches do not report deletions: look again for the indexes.
+            self.retry = true;
+        }
+        self.retry |= objects::remove_finalizer(&self.claims, claim, DATA_CLAIM_FINALIZER).await?
+            == FinalizerPatch::Stale;
+        Ok(())
+    }
 }
 
 /// Whether the template waits: paused itself (unless handed to bitpool), or its Cluster paused.
@@ -264,6 +301,37 @@ async fn create_data(
         }
     };
     taken.insert(index);
+    let data = new_data(template, claim, index);
+    match datas.create(&PostParams::default(), &data).await {
+        Ok(_) => {
+            tracing::info!(claim = %claim.name_any(), index, "created Metal3Data");
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            // Either this claim's own Metal3Data from an earlier pass, or another claim won the
+            // index: unbind so that the next pass picks again unless the data is ours.
+            let existing = objects::get_optional(datas, &data.name_any()).await?;
+            let ours = existing
+                .as_ref()
+                .is_some_and(|d| d.spec.claim.name.as_deref() == Some(&claim.name_any()));
+            if !ours {
+                tracing::info!(claim = %claim.name_any(), index, "index taken by another claim; choosing again");
+                unbind(claims, claim).await?;
+            }
+            Ok(false)
+        }
+        Err(e) => Err(Error::api(
+            Verb::Create,
+            object_of(datas, &data.name_any()),
+            e,
+        )),
+    }
+}
+
+/// The Metal3Data of `claim` at `index`: owned by the template (as controller), the claim and
+/// the claim's Metal3Machine, with the claim's labels.
+fn new_data(template: &Metal3DataTemplate, claim: &Metal3DataClaim, index: i64) -> Metal3Data {
+    let template_name = template.name_any();
     let namespace = claim.namespace();
     let mut owners: Vec<_> = [
         objects::owner_reference(template, true),
@@ -272,19 +340,14 @@ async fn create_data(
     .into_iter()
     .flatten()
     .collect();
+    let machines = claim.meta().owner_references.iter().flatten();
     owners.extend(
-        claim
-            .meta()
-            .owner_references
-            .iter()
-            .flatten()
+        machines
             .filter(|o| o.kind == "Metal3Machine")
-            .map(
-                |o| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                    controller: Some(false),
-                    ..o.clone()
-                },
-            ),
+            .map(|o| OwnerReference {
+                controller: Some(false),
+                ..o.clone()
+            }),
     );
     // A Metal3Data of a template handed to bitpool is handed over too, from its creation on:
     // CAPM3's own Metal3Data controller never acts on it.
@@ -294,7 +357,7 @@ async fn create_data(
             labels::HANDED_TO_BITPOOL.to_string(),
         )])
     });
-    let data = Metal3Data {
+    Metal3Data {
         metadata: ObjectMeta {
             name: Some(data_name(&template_name, index)),
             namespace: namespace.clone(),
@@ -311,49 +374,28 @@ async fn create_data(
                 namespace: namespace.clone(),
             },
             template: Metal3ObjectRef {
-                name: Some(template_name.clone()),
+                name: Some(template_name),
                 namespace,
             },
             ..Default::default()
         },
         status: None,
-    };
-    match datas.create(&PostParams::default(), &data).await {
-        Ok(_) => {
-            tracing::info!(claim = %claim.name_any(), index, "created Metal3Data");
-            Ok(true)
-        }
-        Err(kube::Error::Api(s)) if s.is_already_exists() => {
-            // Either this claim's own Metal3Data from an earlier pass, or another claim won the
-            // index: unbind so that the next pass picks again unless the data is ours.
-            let existing = objects::get_optional(datas, &data_name(&template_name, index)).await?;
-            let ours = existing
-                .as_ref()
-                .is_some_and(|d| d.spec.claim.name.as_deref() == Some(&claim.name_any()));
-            if !ours {
-                tracing::info!(claim = %claim.name_any(), index, "index taken by another claim; choosing again");
-                let name = claim.name_any();
-                let fresh = claims.get(&name).await.call(Verb::Get, claims, &name)?;
-                let patch = json!({
-                    "metadata": { "resourceVersion": fresh.meta().resource_version },
-                    "status": { "renderedData": null },
-                });
-                let _ = claims
-                    .patch_status(
-                        &claim.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(patch),
-                    )
-                    .await;
-            }
-            Ok(false)
-        }
-        Err(e) => Err(Error::api(
-            Verb::Create,
-            object_of(datas, &data.name_any()),
-            e,
-        )),
     }
+}
+
+/// Clears the claim's chosen Metal3Data, so that the next pass chooses an index again.
+async fn unbind(claims: &Api<Metal3DataClaim>, claim: &Metal3DataClaim) -> Result<(), Error> {
+    let name = claim.name_any();
+    let fresh = claims.get(&name).await.call(Verb::Get, claims, &name)?;
+    let patch = json!({
+        "metadata": { "resourceVersion": fresh.meta().resource_version },
+        "status": { "renderedData": null },
+    });
+    // A claim changed meanwhile is chosen for again on its event.
+    let _ = claims
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+        .await;
+    Ok(())
 }
 
 /// `status.indexes` (claim name → index) as the Metal3Data say, `lastUpdated` when it changes.
