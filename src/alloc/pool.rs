@@ -221,6 +221,72 @@ pub(super) fn address(
     Ok(parsed)
 }
 
+/// Entry `i`'s first and last address (`None` when its end lies before its start) and the
+/// family: `start`–`end`, `start` to the end of `subnet`, `subnet` alone from its second
+/// address, or an open-ended `start`.
+fn entry_range(
+    i: usize,
+    e: &Metal3Entry,
+    subnet: Option<(u128, u128)>,
+    families: &mut FamilyCheck,
+) -> Result<(Option<(u128, u128)>, Family), SpecError> {
+    let mut bound = |name: &str, text: &Option<String>| -> Result<Option<u128>, SpecError> {
+        text.as_deref()
+            .filter(|t| !t.is_empty())
+            .map(|t| address(&format!("pools[{i}].{name}"), t, families).map(family::to_value))
+            .transpose()
+    };
+    let start = bound("start", &e.start)?;
+    let end = bound("end", &e.end)?;
+    let family = families
+        .family
+        .ok_or(SpecError::EntryWithoutStart { index: i })?;
+    let first = match (start, subnet) {
+        (Some(start), _) => start,
+        // The subnet's first address is its network address; upstream starts after it.
+        (None, Some((network, _))) => network.saturating_add(1),
+        (None, None) => return Err(SpecError::EntryWithoutStart { index: i }),
+    };
+    let last = match (end, subnet) {
+        (Some(end), _) => end,
+        (None, Some((_, last))) => last,
+        (None, None) => family.max(),
+    };
+    if last < first && (start.is_some() && end.is_some()) {
+        return Err(SpecError::ReversedRange {
+            field: format!("pools[{i}]"),
+            value: format!("{}-{}", family.address(first), family.address(last)),
+        });
+    }
+    Ok(((first <= last).then_some((first, last)), family))
+}
+
+/// Segments in declaration order: each entry's addresses that no earlier entry listed and no
+/// gateway is, tagged with the entry's index (for its lease parameters).
+fn declared_segments(
+    entry_ranges: Vec<Option<(u128, u128)>>,
+    gateways: impl Iterator<Item = u128>,
+) -> Vec<Segment> {
+    let gateways = normalize(gateways.map(|g| (g, g)).collect());
+    let mut claimed: Vec<(u128, u128)> = Vec::new();
+    let mut segments = Vec::new();
+    for (i, range) in entry_ranges.into_iter().enumerate() {
+        let Some(range) = range else { continue };
+        let mut taken = claimed.clone();
+        taken.extend_from_slice(&gateways);
+        for (first, last) in subtract(&[range], &normalize(taken)) {
+            segments.push(Segment {
+                first,
+                last,
+                params: i,
+            });
+        }
+        claimed.push(range);
+        claimed = normalize(claimed);
+    }
+    segments
+}
+
 fn addresses(
     field: &str,
     texts: &[String],
@@ -295,6 +361,12 @@ pub(super) fn place_pre_allocations(
     Ok((out, out_of_bounds))
 }
 
+/// What a CAPI pool keeps out of its addresses (as ranges of values), and its gateway.
+struct Removed {
+    ranges: Vec<(u128, u128)>,
+    gateway: Option<IpAddr>,
+}
+
 impl CapiPool {
     /// The subnet `<lowest address>/<prefix>` when the gateway lies outside it: valid, as
     /// upstream has it, but worth a warning. `None` for a gateway inside, none, or a spec whose
@@ -322,60 +394,26 @@ impl CapiPool {
     /// address) unless `allocateReservedIPAddresses`, minus the gateway (wherever it is).
     pub fn layout(&self) -> Result<Layout, SpecError> {
         let mut families = FamilyCheck { family: None };
-        let mut ranges = Vec::new();
-        for (i, text) in self.addresses.iter().enumerate() {
-            let field = format!("addresses[{i}]");
-            let range = entry(field.clone(), text)?;
-            families.check(&field, text, range.family)?;
-            ranges.push((range.first, range.last));
-        }
-        let family = families.family.ok_or(SpecError::NoAddresses)?;
+        let (family, pool) = self.entries(&mut families)?;
         let prefix = prefix(self.prefix, family)?;
-        let pool = normalize(ranges);
         // The subnet is `<lowest address>/<prefix>`; every entry must lie in it (upstream's
         // "provided address belongs to a different subnet than others").
         let subnet = family.subnet_bounds(pool[0].0, prefix);
-        let show_subnet = || format!("{}/{prefix}", family.address(subnet.0));
         for (i, text) in self.addresses.iter().enumerate() {
             let range = entry(format!("addresses[{i}]"), text)?;
             if range.first < subnet.0 || range.last > subnet.1 {
                 return Err(SpecError::OutsideSubnet {
                     field: format!("addresses[{i}]"),
                     value: text.clone(),
-                    subnet: show_subnet(),
+                    subnet: format!("{}/{prefix}", family.address(subnet.0)),
                 });
             }
         }
-
-        let mut removed = Vec::new();
-        for (i, text) in self.excluded_addresses.iter().enumerate() {
-            let field = format!("excludedAddresses[{i}]");
-            let range = entry(field.clone(), text)?;
-            families.check(&field, text, range.family)?;
-            removed.push((range.first, range.last));
-        }
-        if !self.allocate_reserved {
-            let (network, broadcast) = subnet;
-            removed.push((network, network));
-            if family == Family::V4 {
-                removed.push((broadcast, broadcast));
-            }
-        }
-        let gateway = self
-            .gateway
-            .as_deref()
-            .filter(|g| !g.is_empty())
-            .map(|g| address("gateway", g, &mut families))
-            .transpose()?;
-        // Upstream asks only that the gateway parse and be of the pool's family: a gateway
-        // outside the subnet (an IPv6 link-local one, a router of another segment) is valid,
-        // and is kept out of the addresses wherever it is.
-        if let Some(gateway) = gateway {
-            let value = family::to_value(gateway);
-            removed.push((value, value));
-        }
+        let Removed {
+            ranges: removed,
+            gateway,
+        } = self.removed(&mut families, family, subnet)?;
         let dns_servers = addresses("dnsServers", &self.dns_servers, &mut families)?;
-
         let segments: Vec<Segment> = subtract(&pool, &normalize(removed))
             .into_iter()
             .map(|(first, last)| Segment {
@@ -404,6 +442,63 @@ impl CapiPool {
             pre_allocations_outside,
         })
     }
+
+    /// The family of `addresses` and their ranges, sorted and merged.
+    fn entries(
+        &self,
+        families: &mut FamilyCheck,
+    ) -> Result<(Family, Vec<(u128, u128)>), SpecError> {
+        let mut ranges = Vec::new();
+        for (i, text) in self.addresses.iter().enumerate() {
+            let field = format!("addresses[{i}]");
+            let range = entry(field.clone(), text)?;
+            families.check(&field, text, range.family)?;
+            ranges.push((range.first, range.last));
+        }
+        let family = families.family.ok_or(SpecError::NoAddresses)?;
+        Ok((family, normalize(ranges)))
+    }
+
+    /// What is never handed out: `excludedAddresses`, the subnet's network address (and on
+    /// IPv4 its broadcast address) unless `allocateReservedIPAddresses`, and the gateway, which
+    /// is returned too.
+    fn removed(
+        &self,
+        families: &mut FamilyCheck,
+        family: Family,
+        (network, broadcast): (u128, u128),
+    ) -> Result<Removed, SpecError> {
+        let mut removed = Vec::new();
+        for (i, text) in self.excluded_addresses.iter().enumerate() {
+            let field = format!("excludedAddresses[{i}]");
+            let range = entry(field.clone(), text)?;
+            families.check(&field, text, range.family)?;
+            removed.push((range.first, range.last));
+        }
+        if !self.allocate_reserved {
+            removed.push((network, network));
+            if family == Family::V4 {
+                removed.push((broadcast, broadcast));
+            }
+        }
+        let gateway = self
+            .gateway
+            .as_deref()
+            .filter(|g| !g.is_empty())
+            .map(|g| address("gateway", g, families))
+            .transpose()?;
+        // Upstream asks only that the gateway parse and be of the pool's family: a gateway
+        // outside the subnet (an IPv6 link-local one, a router of another segment) is valid,
+        // and is kept out of the addresses wherever it is.
+        if let Some(gateway) = gateway {
+            let value = family::to_value(gateway);
+            removed.push((value, value));
+        }
+        Ok(Removed {
+            ranges: removed,
+            gateway,
+        })
+    }
 }
 
 impl Metal3Pool {
@@ -420,95 +515,20 @@ impl Metal3Pool {
             .map(|g| address("gateway", g, &mut families))
             .transpose()?;
         let pool_dns = addresses("dnsServers", &self.dns_servers, &mut families)?;
-
         let mut entry_ranges = Vec::new();
         let mut params = Vec::new();
-        let mut gateways = Vec::new();
-        gateways.extend(pool_gateway.map(family::to_value));
         for (i, e) in self.entries.iter().enumerate() {
-            let field = |name: &str| format!("pools[{i}].{name}");
-            let subnet = match e.subnet.as_deref().filter(|s| !s.is_empty()) {
-                Some(text) => {
-                    let (found, value, length) =
-                        family::parse_subnet(text).ok_or_else(|| SpecError::Unparseable {
-                            field: field("subnet"),
-                            value: text.to_string(),
-                        })?;
-                    families.check(&field("subnet"), text, found)?;
-                    Some((found.subnet_bounds(value, length), length))
-                }
-                None => None,
-            };
-            let mut bound =
-                |name: &str, text: &Option<String>| -> Result<Option<u128>, SpecError> {
-                    text.as_deref()
-                        .filter(|t| !t.is_empty())
-                        .map(|t| address(&field(name), t, &mut families).map(family::to_value))
-                        .transpose()
-                };
-            let start = bound("start", &e.start)?;
-            let end = bound("end", &e.end)?;
-            let family = families
-                .family
-                .ok_or(SpecError::EntryWithoutStart { index: i })?;
-            let first = match (start, subnet) {
-                (Some(start), _) => start,
-                // The subnet's first address is its network address; upstream starts after it.
-                (None, Some(((network, _), _))) => network.saturating_add(1),
-                (None, None) => return Err(SpecError::EntryWithoutStart { index: i }),
-            };
-            let last = match (end, subnet) {
-                (Some(end), _) => end,
-                (None, Some(((_, last), _))) => last,
-                (None, None) => family.max(),
-            };
-            if last < first && (start.is_some() && end.is_some()) {
-                return Err(SpecError::ReversedRange {
-                    field: format!("pools[{i}]"),
-                    value: format!("{}-{}", family.address(first), family.address(last)),
-                });
-            }
-            let gateway = match e.gateway.as_deref().filter(|g| !g.is_empty()) {
-                Some(text) => Some(address(&field("gateway"), text, &mut families)?),
-                None => pool_gateway,
-            };
-            gateways.extend(gateway.map(family::to_value));
-            let dns = addresses(&field("dnsServers"), &e.dns_servers, &mut families)?;
-            let entry_prefix = e
-                .prefix
-                .filter(|p| *p != 0)
-                .or(self.prefix.filter(|p| *p != 0))
-                .unwrap_or_else(|| subnet.map_or(0, |(_, length)| i64::from(length)));
-            params.push(LeaseParams {
-                prefix: prefix(entry_prefix, family)?,
-                gateway,
-                dns_servers: if dns.is_empty() {
-                    pool_dns.clone()
-                } else {
-                    dns
-                },
-            });
-            entry_ranges.push((first <= last).then_some((first, last)));
+            let (range, entry_params) =
+                self.entry_layout(i, e, &mut families, pool_gateway, &pool_dns)?;
+            entry_ranges.push(range);
+            params.push(entry_params);
         }
         let family = families.family.ok_or(SpecError::NoAddresses)?;
-
-        let gateways = normalize(gateways.into_iter().map(|g| (g, g)).collect());
-        let mut claimed: Vec<(u128, u128)> = Vec::new();
-        let mut segments = Vec::new();
-        for (i, range) in entry_ranges.into_iter().enumerate() {
-            let Some(range) = range else { continue };
-            let mut taken = claimed.clone();
-            taken.extend_from_slice(&gateways);
-            for (first, last) in subtract(&[range], &normalize(taken)) {
-                segments.push(Segment {
-                    first,
-                    last,
-                    params: i,
-                });
-            }
-            claimed.push(range);
-            claimed = normalize(claimed);
-        }
+        let gateways = pool_gateway
+            .into_iter()
+            .chain(params.iter().filter_map(|p| p.gateway))
+            .map(family::to_value);
+        let segments = declared_segments(entry_ranges, gateways);
         if segments.is_empty() {
             return Err(SpecError::NoAddresses);
         }
@@ -527,6 +547,52 @@ impl Metal3Pool {
             pre_allocations,
             pre_allocations_outside,
         })
+    }
+
+    /// Entry `i`'s addresses (`None` when it holds none) and its lease parameters: its own
+    /// prefix, gateway and DNS servers, else the pool's (the prefix, else its subnet's length).
+    fn entry_layout(
+        &self,
+        i: usize,
+        e: &Metal3Entry,
+        families: &mut FamilyCheck,
+        pool_gateway: Option<IpAddr>,
+        pool_dns: &[IpAddr],
+    ) -> Result<(Option<(u128, u128)>, LeaseParams), SpecError> {
+        let field = |name: &str| format!("pools[{i}].{name}");
+        let subnet = match e.subnet.as_deref().filter(|s| !s.is_empty()) {
+            Some(text) => {
+                let (found, value, length) =
+                    family::parse_subnet(text).ok_or_else(|| SpecError::Unparseable {
+                        field: field("subnet"),
+                        value: text.to_string(),
+                    })?;
+                families.check(&field("subnet"), text, found)?;
+                Some((found.subnet_bounds(value, length), length))
+            }
+            None => None,
+        };
+        let (range, family) = entry_range(i, e, subnet.map(|(bounds, _)| bounds), families)?;
+        let gateway = match e.gateway.as_deref().filter(|g| !g.is_empty()) {
+            Some(text) => Some(address(&field("gateway"), text, families)?),
+            None => pool_gateway,
+        };
+        let dns = addresses(&field("dnsServers"), &e.dns_servers, families)?;
+        let entry_prefix = e
+            .prefix
+            .filter(|p| *p != 0)
+            .or(self.prefix.filter(|p| *p != 0))
+            .unwrap_or_else(|| subnet.map_or(0, |(_, length)| i64::from(length)));
+        let params = LeaseParams {
+            prefix: prefix(entry_prefix, family)?,
+            gateway,
+            dns_servers: if dns.is_empty() {
+                pool_dns.to_vec()
+            } else {
+                dns
+            },
+        };
+        Ok((range, params))
     }
 }
 

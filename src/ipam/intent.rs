@@ -212,18 +212,45 @@ pub fn apply(
     rng: &mut impl Rng,
 ) -> (Ledger, BTreeMap<String, Result<Lease, Refusal>>) {
     let mut next = ledger.clone();
+    release(&mut next, &mut space, intent, now);
+    record(&mut next, &mut space, intent, now);
+    // After adoption: a record rebuilt from the live objects holds what they hold.
+    let mut outcomes = judge_found(&mut next, &mut space, &intent.found);
+    let mut room = PendingRoom::of(&next);
+    for (address, claim) in &intent.bind {
+        let reservation = claim.reservation(now);
+        if !next.pending.contains_key(&address.to_string()) && room.take(&reservation) {
+            hold(&mut next, &mut space, *address);
+            next.reserve(*address, reservation);
+        }
+    }
+    match space {
+        Some(space) => allocate(&mut next, space, &mut room, intent, now, rng, &mut outcomes),
+        None => {
+            for request in &intent.allocate {
+                outcomes.insert(request.claim.uid.clone(), Err(Refusal::PoolInvalid));
+            }
+        }
+    }
+    (next, outcomes)
+}
+
+/// Frees what the intent releases: a reservation only for the claim it is for, a gone claim's
+/// reservations (those of claims gone before their object landed only once no create can land),
+/// and addresses verified unbound only while nothing is reserved on them.
+fn release(next: &mut Ledger, space: &mut Option<&mut AddressSpace>, intent: &Intent, now: &str) {
     for (address, uid) in &intent.release {
         let reserved_for_releaser = next
             .pending
             .get(&address.to_string())
             .is_some_and(|r| &r.claim_uid == uid);
         if reserved_for_releaser {
-            free(&mut next, &mut space, *address);
+            free(next, space, *address);
         }
     }
     for uid in &intent.release_claims {
         if let Some((address, _)) = next.reservation_of(uid) {
-            free(&mut next, &mut space, address);
+            free(next, space, address);
         }
     }
     for uid in &intent.release_unlanded {
@@ -233,19 +260,24 @@ pub fn apply(
             .map(|(a, _)| a)
             .collect();
         for address in landed {
-            free(&mut next, &mut space, address);
+            free(next, space, address);
         }
     }
     for address in &intent.release_unbound {
         if !next.pending.contains_key(&address.to_string()) {
-            free(&mut next, &mut space, *address);
+            free(next, space, *address);
         }
     }
+}
+
+/// Records what is known to exist (confirmed and adopted addresses), starts or ends the rebuild
+/// fence, and marks the record whole where it was judged so.
+fn record(next: &mut Ledger, space: &mut Option<&mut AddressSpace>, intent: &Intent, now: &str) {
     for (address, uid) in &intent.confirm {
-        confirm(&mut next, &mut space, *address, uid);
+        confirm(next, space, *address, uid);
     }
     for address in &intent.adopt {
-        hold(&mut next, &mut space, *address);
+        hold(next, space, *address);
     }
     if let Some(because) = &intent.fence {
         next.fence(now, because.clone());
@@ -258,11 +290,19 @@ pub fn apply(
     {
         next.written_to = Some(uid.clone());
     }
+}
+
+/// Objects found for claims whose status does not name them: confirmed where the record agrees
+/// the address is the claim's, refused (with why) where it does not.
+fn judge_found(
+    next: &mut Ledger,
+    space: &mut Option<&mut AddressSpace>,
+    found: &[Found],
+) -> BTreeMap<String, Result<Lease, Refusal>> {
     let mut outcomes = BTreeMap::new();
-    // After adoption: a record rebuilt from the live objects holds what they hold.
-    for found in &intent.found {
-        match found.refused_by(&next) {
-            None => confirm(&mut next, &mut space, found.address, &found.claim.uid),
+    for found in found {
+        match found.refused_by(next) {
+            None => confirm(next, space, found.address, &found.claim.uid),
             Some(why) => {
                 let refusal = Refusal::NotHanded {
                     address: found.address,
@@ -272,21 +312,20 @@ pub fn apply(
             }
         }
     }
-    let mut room = PendingRoom::of(&next);
-    for (address, claim) in &intent.bind {
-        let reservation = claim.reservation(now);
-        if !next.pending.contains_key(&address.to_string()) && room.take(&reservation) {
-            hold(&mut next, &mut space, *address);
-            next.reserve(*address, reservation);
-        }
-    }
+    outcomes
+}
 
-    let Some(space) = space else {
-        for request in &intent.allocate {
-            outcomes.insert(request.claim.uid.clone(), Err(Refusal::PoolInvalid));
-        }
-        return (next, outcomes);
-    };
+/// Each request's lease: its claim's reservation again (its create is sent again), or a new
+/// address unless the record is fenced, full, or out of room for reservations.
+fn allocate(
+    next: &mut Ledger,
+    space: &mut AddressSpace,
+    room: &mut PendingRoom,
+    intent: &Intent,
+    now: &str,
+    rng: &mut impl Rng,
+    outcomes: &mut BTreeMap<String, Result<Lease, Refusal>>,
+) {
     let fenced = next.fenced_until(now);
     let bitmaps = next.bitmap_bytes();
     let full = bitmaps >= MAX_BITMAP_BYTES;
@@ -321,7 +360,6 @@ pub fn apply(
         };
         outcomes.insert(request.claim.uid.clone(), outcome);
     }
-    (next, outcomes)
 }
 
 #[cfg(test)]
