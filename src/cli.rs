@@ -436,26 +436,7 @@ async fn migrate_command(args: MigrateArgs) -> Result<(), Error> {
         None
     };
     let (pools, addresses) = match (&client, args.from_files.is_empty()) {
-        (Some(client), true) => {
-            let lp = kube::api::ListParams::default();
-            let pools: kube::Api<IPPool> = match &args.namespace {
-                Some(ns) => kube::Api::namespaced(client.clone(), ns),
-                None => kube::Api::all(client.clone()),
-            };
-            let addresses: kube::Api<Metal3IPAddress> = match &args.namespace {
-                Some(ns) => kube::Api::namespaced(client.clone(), ns),
-                None => kube::Api::all(client.clone()),
-            };
-            let pools = pools.list(&lp).await.map_err(|source| Error::List {
-                what: "IPPools",
-                source,
-            })?;
-            let addresses = addresses.list(&lp).await.map_err(|source| Error::List {
-                what: "Metal3 IPAddresses",
-                source,
-            })?;
-            (pools.items, addresses.items)
-        }
+        (Some(client), true) => list_metal3_objects(client, args.namespace.as_deref()).await?,
         _ => read_metal3_objects(&args.from_files)?,
     };
     let selected = pools.iter().filter(|p| {
@@ -472,19 +453,65 @@ async fn migrate_command(args: MigrateArgs) -> Result<(), Error> {
     for pool in selected {
         migrations.push(migrate::plan(pool, &addresses)?);
     }
+    let changed = report_changes(&migrations, args.check);
+    if changed > 0 {
+        return Err(Error::WouldChange(changed));
+    }
+    if args.check {
+        return Ok(());
+    }
+    if let (true, Some(client)) = (args.apply, client) {
+        return apply_migrations(&client, &migrations).await;
+    }
+    use std::io::Write;
+    let yaml = migrate::to_yaml(&migrations).map_err(Error::Render)?;
+    std::io::stdout()
+        .write_all(yaml.as_bytes())
+        .map_err(Error::Stdout)
+}
+
+/// The Metal3 IPPools and IPAddresses of `namespace` (all namespaces for `None`).
+async fn list_metal3_objects(
+    client: &kube::Client,
+    namespace: Option<&str>,
+) -> Result<(Vec<IPPool>, Vec<Metal3IPAddress>), Error> {
+    let lp = kube::api::ListParams::default();
+    let (pools, addresses): (kube::Api<IPPool>, kube::Api<Metal3IPAddress>) = match namespace {
+        Some(ns) => (
+            kube::Api::namespaced(client.clone(), ns),
+            kube::Api::namespaced(client.clone(), ns),
+        ),
+        None => (
+            kube::Api::all(client.clone()),
+            kube::Api::all(client.clone()),
+        ),
+    };
+    let pools = pools.list(&lp).await.map_err(|source| Error::List {
+        what: "IPPools",
+        source,
+    })?;
+    let addresses = addresses.list(&lp).await.map_err(|source| Error::List {
+        what: "Metal3 IPAddresses",
+        source,
+    })?;
+    Ok((pools.items, addresses.items))
+}
+
+/// Says (on stderr) which claims' addresses a migration would change, and with `--check` how
+/// each pool fares; returns how many would change.
+fn report_changes(migrations: &[migrate::Migration], check: bool) -> usize {
     let mut changed = 0;
-    for migration in &migrations {
+    for migration in migrations {
         let changes = migrate::check(migration);
-        if args.check {
+        if check {
+            let fate = match changes.len() {
+                0 => "every address kept".to_string(),
+                n => format!("{n} would change"),
+            };
+            let pinned = migration.pinned.len();
             eprintln!(
-                "IPPool {}: {} allocation(s), {}",
-                migration.source,
-                migration.pinned.len(),
-                if changes.is_empty() {
-                    "every address kept".to_string()
-                } else {
-                    format!("{} would change", changes.len())
-                }
+                "IPPool {}: {pinned} allocation(s), {fate}",
+                migration.source
             );
         }
         for change in &changes {
@@ -495,42 +522,37 @@ async fn migrate_command(args: MigrateArgs) -> Result<(), Error> {
         }
         changed += changes.len();
     }
-    if changed > 0 {
-        return Err(Error::WouldChange(changed));
-    }
-    if args.check {
-        return Ok(());
-    }
-    if let (true, Some(client)) = (args.apply, client) {
-        let params = kube::api::PatchParams::apply(crds::FIELD_MANAGER);
-        for migration in &migrations {
-            let pool = &migration.pool;
-            let name = pool.metadata.name.clone().unwrap_or_default();
-            let api: kube::Api<InClusterIPPool> = kube::Api::namespaced(
-                client.clone(),
-                pool.metadata.namespace.as_deref().unwrap_or("default"),
-            );
-            let mut body = serde_json::to_value(pool).map_err(|e| Error::Input {
-                path: name.clone(),
-                reason: e.to_string(),
+    changed
+}
+
+/// Applies each migration's InClusterIPPool with server-side apply.
+async fn apply_migrations(
+    client: &kube::Client,
+    migrations: &[migrate::Migration],
+) -> Result<(), Error> {
+    let params = kube::api::PatchParams::apply(crds::FIELD_MANAGER);
+    for migration in migrations {
+        let pool = &migration.pool;
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let api: kube::Api<InClusterIPPool> = kube::Api::namespaced(
+            client.clone(),
+            pool.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        let mut body = serde_json::to_value(pool).map_err(|e| Error::Input {
+            path: name.clone(),
+            reason: e.to_string(),
+        })?;
+        body["apiVersion"] = "ipam.cluster.x-k8s.io/v1alpha2".into();
+        body["kind"] = "InClusterIPPool".into();
+        api.patch(&name, &params, &kube::api::Patch::Apply(body))
+            .await
+            .map_err(|source| Error::Apply {
+                name: name.clone(),
+                source,
             })?;
-            body["apiVersion"] = "ipam.cluster.x-k8s.io/v1alpha2".into();
-            body["kind"] = "InClusterIPPool".into();
-            api.patch(&name, &params, &kube::api::Patch::Apply(body))
-                .await
-                .map_err(|source| Error::Apply {
-                    name: name.clone(),
-                    source,
-                })?;
-            eprintln!("applied InClusterIPPool {}", migration.source);
-        }
-        return Ok(());
+        eprintln!("applied InClusterIPPool {}", migration.source);
     }
-    use std::io::Write;
-    let yaml = migrate::to_yaml(&migrations).map_err(Error::Render)?;
-    std::io::stdout()
-        .write_all(yaml.as_bytes())
-        .map_err(Error::Stdout)
+    Ok(())
 }
 
 async fn crds_command(args: CrdsArgs) -> Result<(), Error> {

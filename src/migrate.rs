@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use crate::alloc::{self, AddressSpace};
+use crate::alloc::{self, AddressSpace, Layout};
 use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
 use crate::api::labels;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
@@ -109,63 +109,8 @@ pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, M
                 pool: key.clone(),
                 source,
             })?;
-    let mut params: Vec<_> = layout
-        .segments
-        .iter()
-        .map(|s| &layout.params[s.params])
-        .map(|p| (p.prefix, p.gateway))
-        .collect();
-    params.dedup();
-    params.sort();
-    params.dedup();
-    let [(prefix, gateway)] = params[..] else {
-        let details = params
-            .iter()
-            .map(|(p, g)| {
-                format!(
-                    "/{p} via {}",
-                    g.map_or("none".to_string(), |g| g.to_string())
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(MigrateError::MixedParameters { pool: key, details });
-    };
-
-    let mut pinned: BTreeMap<String, IpAddr> = BTreeMap::new();
-    for (claim, text) in &pool.spec.pre_allocations {
-        if let Some(address) = alloc::family::parse_address(text) {
-            pinned.insert(claim.clone(), address);
-        }
-    }
-    let namespace = pool.namespace().unwrap_or_default();
-    for address in addresses {
-        let same_pool = address.spec.pool.name.as_deref() == Some(pool.name_any().as_str())
-            && address.namespace().unwrap_or_default() == namespace;
-        if !same_pool {
-            continue;
-        }
-        let claim = address.spec.claim.name.clone().unwrap_or_default();
-        let parsed = alloc::family::parse_address(&address.spec.address).ok_or_else(|| {
-            MigrateError::BadAddress {
-                pool: key.clone(),
-                claim: claim.clone(),
-                address: address.spec.address.clone(),
-            }
-        })?;
-        if let Some(previous) = pinned.insert(claim.clone(), parsed)
-            && previous != parsed
-            && !pool.spec.pre_allocations.contains_key(&claim)
-        {
-            return Err(MigrateError::TwoAddresses {
-                pool: key,
-                claim,
-                first: previous.to_string(),
-                second: parsed.to_string(),
-            });
-        }
-    }
-
+    let (prefix, gateway) = one_subnet(&layout, &key)?;
+    let pinned = pinned_addresses(pool, addresses, &key)?;
     let mut meta = ObjectMeta {
         name: Some(pool.name_any()),
         namespace: pool.namespace(),
@@ -205,6 +150,79 @@ pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, M
         pool: new_pool,
         pinned,
     })
+}
+
+/// The one prefix and gateway every address of the pool is handed out with: an
+/// InClusterIPPool has one of each.
+fn one_subnet(layout: &Layout, key: &str) -> Result<(u8, Option<IpAddr>), MigrateError> {
+    let mut params: Vec<_> = layout
+        .segments
+        .iter()
+        .map(|s| &layout.params[s.params])
+        .map(|p| (p.prefix, p.gateway))
+        .collect();
+    params.sort();
+    params.dedup();
+    match params[..] {
+        [one] => Ok(one),
+        _ => {
+            let details = params
+                .iter()
+                .map(|(p, g)| {
+                    let via = g.map_or("none".to_string(), |g| g.to_string());
+                    format!("/{p} via {via}")
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            Err(MigrateError::MixedParameters {
+                pool: key.to_string(),
+                details,
+            })
+        }
+    }
+}
+
+/// Every claim's address, pinned in the new pool's preAllocations: the pool's own
+/// preAllocations, then the addresses its IPAddress objects hold (one per claim).
+fn pinned_addresses(
+    pool: &IPPool,
+    addresses: &[Metal3IPAddress],
+    key: &str,
+) -> Result<BTreeMap<String, IpAddr>, MigrateError> {
+    let mut pinned: BTreeMap<String, IpAddr> = BTreeMap::new();
+    for (claim, text) in &pool.spec.pre_allocations {
+        if let Some(address) = alloc::family::parse_address(text) {
+            pinned.insert(claim.clone(), address);
+        }
+    }
+    let namespace = pool.namespace().unwrap_or_default();
+    for address in addresses {
+        let same_pool = address.spec.pool.name.as_deref() == Some(pool.name_any().as_str())
+            && address.namespace().unwrap_or_default() == namespace;
+        if !same_pool {
+            continue;
+        }
+        let claim = address.spec.claim.name.clone().unwrap_or_default();
+        let parsed = alloc::family::parse_address(&address.spec.address).ok_or_else(|| {
+            MigrateError::BadAddress {
+                pool: key.to_string(),
+                claim: claim.clone(),
+                address: address.spec.address.clone(),
+            }
+        })?;
+        if let Some(previous) = pinned.insert(claim.clone(), parsed)
+            && previous != parsed
+            && !pool.spec.pre_allocations.contains_key(&claim)
+        {
+            return Err(MigrateError::TwoAddresses {
+                pool: key.to_string(),
+                claim,
+                first: previous.to_string(),
+                second: parsed.to_string(),
+            });
+        }
+    }
+    Ok(pinned)
 }
 
 /// A claim whose address would change.
