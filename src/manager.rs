@@ -11,7 +11,7 @@ use kube::runtime::controller::Config as ControllerConfig;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 
-use crate::api::capi::IPAddressClaim;
+use crate::api::capi::{Cluster, IPAddressClaim};
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
@@ -248,35 +248,42 @@ where
     if let Some(clusters) = &caches.clusters {
         let ctx = ctx.clone();
         controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {
-            let namespace = cluster.meta().namespace.clone();
-            let name = cluster.meta().name.clone();
-            let of_claims = ctx
-                .claims
-                .state()
-                .into_iter()
-                .filter(|c| {
-                    c.meta().namespace == namespace
-                        && objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta())
-                            == name.as_deref()
-                })
-                .filter_map(|c| PoolKey::of_claim(&c));
-            let of_pools = ctx
-                .ippools
-                .state()
-                .into_iter()
-                .filter(|p| p.meta().namespace == namespace && p.spec.cluster_name == name)
-                .filter_map(|p| {
-                    Some(PoolKey {
-                        kind: PoolKind::Metal3IPPool,
-                        namespace: p.meta().namespace.clone(),
-                        name: p.meta().name.clone()?,
-                    })
-                });
-            of_claims
-                .chain(of_pools)
+            pools_of_cluster(&ctx, &cluster)
                 .filter_map(|k| k.object_ref::<P>())
                 .collect::<Vec<_>>()
         });
     }
     Some(controller)
+}
+
+/// The pools a Cluster's pause and unpause concern: those its claims name, and the Metal3
+/// IPPools that name it.
+fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = PoolKey> {
+    let namespace = cluster.meta().namespace.clone();
+    let name = cluster.meta().name.clone();
+    let of_claims: Vec<PoolKey> = ctx
+        .claims
+        .state()
+        .into_iter()
+        .filter(|c| {
+            c.meta().namespace == namespace
+                && objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta())
+                    == name.as_deref()
+        })
+        .filter_map(|c| PoolKey::of_claim(&c))
+        .collect();
+    let of_pools: Vec<PoolKey> = ctx
+        .ippools
+        .state()
+        .into_iter()
+        .filter(|p| p.meta().namespace == namespace && p.spec.cluster_name == name)
+        .filter_map(|p| {
+            Some(PoolKey {
+                kind: PoolKind::Metal3IPPool,
+                namespace: p.meta().namespace.clone(),
+                name: p.meta().name.clone()?,
+            })
+        })
+        .collect();
+    of_claims.into_iter().chain(of_pools)
 }

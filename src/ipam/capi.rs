@@ -159,33 +159,10 @@ pub(super) fn status_patch(
             objects::condition("Ready", false, "InvalidSpec", message, generation)
         }
     };
-    let fenced = report
-        .ledger
-        .fenced_until(&objects::now().0.to_string())
-        .map(|until| {
-            let message = format!(
-                "{}; the ledger was rebuilt from the pool's address objects at {}, and new addresses are handed out from {until}",
-                report.ledger.rebuilt_because.as_deref().unwrap_or("the allocation record was lost"),
-                report.ledger.rebuilt_at.as_deref().unwrap_or_default()
-            );
-            objects::condition("Ready", false, "LedgerRebuilt", message, generation)
-        });
-    let shared = (!report.shared.is_empty()).then(|| {
-        let message = duplicates::message(report.shared, &show);
-        objects::condition("Ready", false, "DuplicateAddress", message, generation)
-    });
-    let bitmaps = report.ledger.bitmap_bytes();
-    let full = (bitmaps >= MAX_BITMAP_BYTES).then(|| {
-        let message = format!(
-            "the allocation record takes {} KiB of the {} KiB it may, because the pool's addresses are scattered over a vast space; no new address until addresses are released",
-            bitmaps / 1024,
-            MAX_BITMAP_BYTES / 1024
-        );
-        objects::condition("Ready", false, "LedgerFull", message, generation)
-    });
+    let holding = holding_back(report, generation, &show);
     // The first that holds says what keeps the pool from serving.
     let ready = match ready.status.as_str() {
-        "True" => shared.or(full).or(fenced).unwrap_or(ready),
+        "True" => holding.unwrap_or(ready),
         _ => ready,
     };
     let mut conditions_changed = objects::set_condition(&mut next.conditions, ready);
@@ -201,6 +178,40 @@ pub(super) fn status_patch(
     (conditions_changed || current.ip_addresses != next.ip_addresses).then(
         || json!({ "status": { "ipAddresses": next.ip_addresses, "conditions": next.conditions } }),
     )
+}
+
+/// What keeps a valid pool from serving, first first: an address held twice, a full record, a
+/// rebuild fence.
+fn holding_back(
+    report: &Report,
+    generation: Option<i64>,
+    show: &impl Fn(IpAddr) -> String,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let shared = (!report.shared.is_empty()).then(|| {
+        let message = duplicates::message(report.shared, show);
+        objects::condition("Ready", false, "DuplicateAddress", message, generation)
+    });
+    let bitmaps = report.ledger.bitmap_bytes();
+    let full = (bitmaps >= MAX_BITMAP_BYTES).then(|| {
+        let message = format!(
+            "the allocation record takes {} KiB of the {} KiB it may, because the pool's addresses are scattered over a vast space; no new address until addresses are released",
+            bitmaps / 1024,
+            MAX_BITMAP_BYTES / 1024
+        );
+        objects::condition("Ready", false, "LedgerFull", message, generation)
+    });
+    let fenced = report
+        .ledger
+        .fenced_until(&objects::now().0.to_string())
+        .map(|until| {
+            let message = format!(
+                "{}; the ledger was rebuilt from the pool's address objects at {}, and new addresses are handed out from {until}",
+                report.ledger.rebuilt_because.as_deref().unwrap_or("the allocation record was lost"),
+                report.ledger.rebuilt_at.as_deref().unwrap_or_default()
+            );
+            objects::condition("Ready", false, "LedgerRebuilt", message, generation)
+        });
+    shared.or(full).or(fenced)
 }
 
 /// The parts of [`PoolDialect`] every pool kind of the CAPI contract shares (address and prefix

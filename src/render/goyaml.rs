@@ -505,20 +505,8 @@ impl Analysis {
         let mut preceded_by_whitespace = true;
         for (i, &c) in chars.iter().enumerate() {
             let followed_by_whitespace = is_blank_or_end(chars.get(i + 1).copied());
-            if i == 0 {
-                match c {
-                    '#' | ',' | '[' | ']' | '{' | '}' | '&' | '*' | '!' | '|' | '>' | '\''
-                    | '"' | '%' | '@' | '`' => block_indicators = true,
-                    '?' | ':' | '-' if followed_by_whitespace => block_indicators = true,
-                    _ => {}
-                }
-            } else {
-                match c {
-                    ':' if followed_by_whitespace => block_indicators = true,
-                    '#' if preceded_by_whitespace => block_indicators = true,
-                    _ => {}
-                }
-            }
+            block_indicators |=
+                is_indicator(i == 0, c, preceded_by_whitespace, followed_by_whitespace);
             if !is_printable(c) {
                 special = true;
             }
@@ -568,6 +556,22 @@ impl Analysis {
             analysis.block_plain_allowed = false;
         }
         analysis
+    }
+}
+
+/// Whether `c` makes a scalar need quoting as an indicator: at the start, any flow or block
+/// indicator (`?`, `:` and `-` only before whitespace); inside, `: ` and ` #`.
+fn is_indicator(first: bool, c: char, after_whitespace: bool, before_whitespace: bool) -> bool {
+    match (first, c) {
+        (
+            true,
+            '#' | ',' | '[' | ']' | '{' | '}' | '&' | '*' | '!' | '|' | '>' | '\'' | '"' | '%'
+            | '@' | '`',
+        ) => true,
+        (true, '?' | ':' | '-') => before_whitespace,
+        (false, ':') => before_whitespace,
+        (false, '#') => after_whitespace,
+        _ => false,
     }
 }
 

@@ -272,56 +272,7 @@ fn links(template: &NetworkData, host: &Host) -> Result<Value, RenderError> {
     };
     let mut rendered = vec![];
     for bond in &links.bonds {
-        let fixed = vec![
-            ("type".to_string(), Value::str("bond")),
-            ("id".into(), Value::str(&bond.id)),
-            ("mtu".into(), Value::Int(bond.mtu.into())),
-            (
-                "bond_mode".into(),
-                Value::Str(to_json_string(&bond.bond_mode)),
-            ),
-            (
-                "bond_xmit_hash_policy".into(),
-                Value::Str(
-                    bond.bond_xmit_hash_policy
-                        .as_ref()
-                        .map(to_json_string)
-                        .unwrap_or_default(),
-                ),
-            ),
-            (
-                "bond_links".into(),
-                if bond.bond_links.is_empty() {
-                    Value::Null
-                } else {
-                    Value::Seq(bond.bond_links.iter().map(Value::str).collect())
-                },
-            ),
-        ];
-        let mac = mac_address(&bond.mac_address, host)?;
-        let mut entry = link_entry(fixed, bond.name.as_ref(), "ethernet_mac_address", mac);
-        let mut illegal = vec![];
-        // A name given twice takes its last value.
-        let parameters: BTreeMap<&String, &serde_json::Value> = bond
-            .parameters
-            .iter()
-            .map(|p| (&p.name, &p.value))
-            .collect();
-        for (name, value) in parameters {
-            let key = format!("bond_{name}");
-            if entry.iter().any(|(k, _)| *k == key) {
-                illegal.push(name.clone());
-            } else {
-                entry.push((key, Value::from(value)));
-            }
-        }
-        if !illegal.is_empty() {
-            return Err(RenderError::IllegalBondParameters {
-                params: illegal.join("\", \""),
-                link: bond.id.clone(),
-            });
-        }
-        rendered.push(Value::Map(entry));
+        rendered.push(bond_link(bond, host)?);
     }
     for ethernet in &links.ethernets {
         let fixed = vec![
@@ -349,6 +300,61 @@ fn links(template: &NetworkData, host: &Host) -> Result<Value, RenderError> {
         rendered.push(Value::Map(entry));
     }
     Ok(Value::Seq(rendered))
+}
+
+/// One bond of `links`: its fixed fields, then its parameters as `bond_<name>` (a parameter
+/// that would overwrite a fixed field is refused, as CAPM3 refuses it).
+fn bond_link(bond: &crate::api::metal3_data::BondLink, host: &Host) -> Result<Value, RenderError> {
+    let fixed = vec![
+        ("type".to_string(), Value::str("bond")),
+        ("id".into(), Value::str(&bond.id)),
+        ("mtu".into(), Value::Int(bond.mtu.into())),
+        (
+            "bond_mode".into(),
+            Value::Str(to_json_string(&bond.bond_mode)),
+        ),
+        (
+            "bond_xmit_hash_policy".into(),
+            Value::Str(
+                bond.bond_xmit_hash_policy
+                    .as_ref()
+                    .map(to_json_string)
+                    .unwrap_or_default(),
+            ),
+        ),
+        (
+            "bond_links".into(),
+            if bond.bond_links.is_empty() {
+                Value::Null
+            } else {
+                Value::Seq(bond.bond_links.iter().map(Value::str).collect())
+            },
+        ),
+    ];
+    let mac = mac_address(&bond.mac_address, host)?;
+    let mut entry = link_entry(fixed, bond.name.as_ref(), "ethernet_mac_address", mac);
+    let mut illegal = vec![];
+    // A name given twice takes its last value.
+    let parameters: BTreeMap<&String, &serde_json::Value> = bond
+        .parameters
+        .iter()
+        .map(|p| (&p.name, &p.value))
+        .collect();
+    for (name, value) in parameters {
+        let key = format!("bond_{name}");
+        if entry.iter().any(|(k, _)| *k == key) {
+            illegal.push(name.clone());
+        } else {
+            entry.push((key, Value::from(value)));
+        }
+    }
+    if !illegal.is_empty() {
+        return Err(RenderError::IllegalBondParameters {
+            params: illegal.join("\", \""),
+            link: bond.id.clone(),
+        });
+    }
+    Ok(Value::Map(entry))
 }
 
 fn networks(
