@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 
 use super::key::{PoolKey, PoolKind};
+use super::transaction::SpecFingerprint;
 use crate::runtime;
 
 /// How long an address object this process deleted or created is remembered; a watch lagging
@@ -19,8 +20,8 @@ const DELETED_MEMORY: Duration = Duration::from_secs(300);
 /// A pool's address space as of one ledger version, so that the next reconcile need not rebuild
 /// it from every allocated address.
 pub struct CachedSpace {
-    /// The pool's UID and generation: a new spec means a new space.
-    pub pool: (String, i64),
+    /// The spec it was built from.
+    pub pool: SpecFingerprint,
     pub ledger_version: String,
     pub space: crate::alloc::AddressSpace,
 }
@@ -93,7 +94,7 @@ impl Context {
     pub fn take_space(
         &self,
         key: &PoolKey,
-        pool: &(String, i64),
+        pool: &SpecFingerprint,
         ledger_version: Option<&str>,
     ) -> Option<crate::alloc::AddressSpace> {
         let cached = self.memory.spaces.lock().ok()?.remove(key)?;

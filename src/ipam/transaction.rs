@@ -187,12 +187,30 @@ pub async fn load<P: PoolDialect>(
     })
 }
 
-/// A pool's empty address space and the fingerprint of the spec it was built from.
-pub type Base = (AddressSpace, (String, i64));
+/// Which spec of which pool a space was built from: a new spec means a new space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecFingerprint {
+    pub uid: String,
+    pub generation: i64,
+}
 
-/// What a commit wrote: the ledger, the pool's usage, each allocation's outcome, and the ledger
-/// as stored (with its version) for the next commit of the same reconcile to start from.
-pub type Committed = (Ledger, Option<Usage>, Outcomes, Option<Stored>);
+/// A pool's empty address space and the spec it was built from.
+pub struct Base {
+    pub space: AddressSpace,
+    pub spec: SpecFingerprint,
+}
+
+/// What a commit wrote.
+pub struct Committed {
+    pub ledger: Ledger,
+    /// The pool's usage (none for an invalid spec).
+    pub usage: Option<Usage>,
+    /// Each allocation's lease or refusal.
+    pub outcomes: Outcomes,
+    /// The ledger as stored (with its version), for the next commit of the same reconcile to
+    /// start from.
+    pub stored: Option<Stored>,
+}
 
 /// Applies `intent` to the server's ledger, retrying on conflicts with the fresh ledger.
 /// `known` is the ledger as this reconcile last read or wrote it, tried first: the write carries
@@ -205,7 +223,8 @@ pub async fn commit<P: PoolDialect>(
     ledger_ref: &LedgerRef,
     pool: &P,
     ctx: &Arc<Context>,
-    (base, known): (Option<&Base>, Option<Stored>),
+    base: Option<&Base>,
+    known: Option<Stored>,
     intent: &Intent,
     create: bool,
 ) -> Result<Committed, Error> {
@@ -220,8 +239,12 @@ pub async fn commit<P: PoolDialect>(
             None => match load(ledger_ref, pool, ctx, create).await? {
                 Some(stored) => stored,
                 None => {
-                    let usage = base.map(|(empty, _)| Usage::of(empty));
-                    return Ok((Ledger::default(), usage, Outcomes::new(), None));
+                    return Ok(Committed {
+                        ledger: Ledger::default(),
+                        usage: base.map(|base| Usage::of(&base.space)),
+                        outcomes: Outcomes::new(),
+                        stored: None,
+                    });
                 }
             },
         };
@@ -231,10 +254,10 @@ pub async fn commit<P: PoolDialect>(
             mark_before_reserving(pool, ctx, ledger_ref).await?;
             marked = true;
         }
-        let mut space = base.map(|(empty, fingerprint)| {
-            ctx.take_space(&key, fingerprint, stored.version())
+        let mut space = base.map(|base| {
+            ctx.take_space(&key, &base.spec, stored.version())
                 .unwrap_or_else(|| {
-                    let mut space = empty.clone();
+                    let mut space = base.space.clone();
                     space.mark_all_used(stored.ledger.addresses());
                     space
                 })
@@ -252,19 +275,24 @@ pub async fn commit<P: PoolDialect>(
             continue;
         };
         let usage = space.as_ref().map(Usage::of);
-        if let (Some(space), Some((_, fingerprint)), Some(version)) =
+        if let (Some(space), Some(base), Some(version)) =
             (space, base, written.version().map(str::to_string))
         {
             ctx.keep_space(
                 &key,
                 super::context::CachedSpace {
-                    pool: fingerprint.clone(),
+                    pool: base.spec.clone(),
                     ledger_version: version,
                     space,
                 },
             );
         }
-        return Ok((next, usage, outcomes, Some(written)));
+        return Ok(Committed {
+            ledger: next,
+            usage,
+            outcomes,
+            stored: Some(written),
+        });
     }
     Err(Error::LedgerContention {
         ledger: ledger_ref.describe(),

@@ -56,8 +56,8 @@ pub(super) async fn reserve<P: PoolDialect>(round: &Round<'_, P>, batch: &mut Ba
 
     let create = !deleting && !batch.first.allocate.is_empty();
     let first =
-        transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.first, create).await;
-    let first = keep_first(&mut ledger_error, first).map(|(_, _, outcomes, _)| outcomes);
+        transaction::commit(&ledger_ref, pool, ctx, base, known, &batch.first, create).await;
+    let first = keep_first(&mut ledger_error, first).map(|committed| committed.outcomes);
     // Unjudged (the commit failed), a found object serves nobody this time.
     if let Some(outcomes) = &first {
         let found = std::mem::take(&mut batch.found_first);
@@ -104,12 +104,12 @@ pub(super) async fn settle<P: PoolDialect>(
         batch.second.release_unlanded.extend(vanished);
     }
     let second =
-        transaction::commit(&ledger_ref, pool, ctx, (base, known), &batch.second, false).await;
+        transaction::commit(&ledger_ref, pool, ctx, base, known, &batch.second, false).await;
     let (ledger, usage) = match keep_first(&mut ledger_error, second) {
-        Some((ledger, usage, outcomes, _)) => {
+        Some(committed) => {
             let found = std::mem::take(&mut batch.found_second);
-            batch.settle_found(pool, found, &outcomes, spec_error);
-            (ledger, usage)
+            batch.settle_found(pool, found, &committed.outcomes, spec_error);
+            (committed.ledger, committed.usage)
         }
         None => Default::default(),
     };

@@ -68,18 +68,34 @@ where
         .await
 }
 
-type ClaimKey = (ClaimKind, String, String);
+/// A claim, as its address objects name it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct ClaimKey {
+    kind: ClaimKind,
+    namespace: String,
+    name: String,
+}
 
+/// The pool's address objects, one per claim.
 type AddressIndex = HashMap<ClaimKey, AnyAddress>;
 
+/// The claim an address object names.
 fn address_key(address: &AnyAddress) -> ClaimKey {
-    let (kind, claim) = address.claim();
+    let (kind, name) = address.claim();
     let namespace = address.meta().namespace.clone().unwrap_or_default();
-    (kind, namespace, claim)
+    ClaimKey {
+        kind,
+        namespace,
+        name,
+    }
 }
 
 fn claim_key(claim: &AnyClaim) -> ClaimKey {
-    (claim.kind(), claim.namespace(), claim.name())
+    ClaimKey {
+        kind: claim.kind(),
+        namespace: claim.namespace(),
+        name: claim.name(),
+    }
 }
 
 /// Whether `claim`'s status names `object`: then bitpool made it for the claim.
@@ -138,7 +154,10 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         return Ok(action);
     }
     let deleting = pool.meta().deletion_timestamp.is_some();
-    let (base, spec_error) = base_space(pool, deleting);
+    let (base, spec_error) = match base_space(pool, deleting) {
+        Ok(base) => (Some(base), None),
+        Err(problem) => (None, Some(problem)),
+    };
     let observed = read::observe(pool, &ctx, deleting).await?;
     let mut batch = plan::plan(pool, &observed, base.as_ref());
     let round = Round {
@@ -199,21 +218,17 @@ fn usable<P: PoolDialect>(pool: &P, claim: &AnyClaim, object: &AnyAddress) -> bo
 }
 
 /// The pool's empty address space, or why there is none (an invalid spec, a pool being deleted).
-fn base_space<P: PoolDialect>(
-    pool: &P,
-    deleting: bool,
-) -> (Option<transaction::Base>, Option<String>) {
+fn base_space<P: PoolDialect>(pool: &P, deleting: bool) -> Result<transaction::Base, String> {
     if deleting {
-        return (None, Some("the pool is being deleted".to_string()));
+        return Err("the pool is being deleted".to_string());
     }
-    let fingerprint = (
-        pool.uid().unwrap_or_default(),
-        pool.meta().generation.unwrap_or_default(),
-    );
-    match pool.space() {
-        Ok(space) => (Some((space, fingerprint)), None),
-        Err(e) => (None, Some(e)),
-    }
+    Ok(transaction::Base {
+        space: pool.space()?,
+        spec: transaction::SpecFingerprint {
+            uid: pool.uid().unwrap_or_default(),
+            generation: pool.meta().generation.unwrap_or_default(),
+        },
+    })
 }
 
 /// `result`'s value, remembering its error in `first` unless an earlier one is there.

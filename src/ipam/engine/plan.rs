@@ -29,7 +29,7 @@ pub(super) fn plan<P: PoolDialect>(
     let mut batch = Batch {
         holders: addresses
             .iter()
-            .filter_map(|((kind, _, claim), a)| Some(((*kind, claim.clone()), pool.held(a)?)))
+            .filter_map(|(claim, a)| Some(((claim.kind, claim.name.clone()), pool.held(a)?)))
             .collect(),
         named: observed.named.clone(),
         duplicates: second_objects::<P>(claims, observed.extras.clone()),
@@ -152,7 +152,7 @@ impl Batch {
         base: Option<&transaction::Base>,
     ) {
         let Some(id) = claim.id() else { return };
-        let problem = base.and_then(|(space, _)| pool.address_name_problem(claim, space.family()));
+        let problem = base.and_then(|base| pool.address_name_problem(claim, base.space.family()));
         if let Some(problem) = problem {
             return self
                 .statuses
@@ -281,6 +281,14 @@ mod tests {
         pool.metadata.namespace = Some("ns".into());
         pool.metadata.uid = Some("pool-uid".into());
         pool
+    }
+
+    fn base(space: crate::alloc::AddressSpace) -> transaction::Base {
+        let spec = transaction::SpecFingerprint {
+            uid: "pool-uid".into(),
+            generation: 0,
+        };
+        transaction::Base { space, spec }
     }
 
     fn pool_ref() -> IPPoolReference {
@@ -646,7 +654,7 @@ mod tests {
         ];
         let pool = pool();
         let space = pool.space().expect("a valid pool");
-        let base = (space, ("pool-uid".to_string(), 0));
+        let base = base(space);
         for (case, read, want) in cases {
             let batch = plan(&pool, &read.observed(), Some(&base));
             assert_eq!(decisions(&batch), want, "{case}");
@@ -661,7 +669,7 @@ mod tests {
             .map(|i| claim(&format!("c{i:04}"), None, false))
             .collect();
         let pool = pool();
-        let base = (pool.space().expect("a valid pool"), ("pool-uid".into(), 0));
+        let base = base(pool.space().expect("a valid pool"));
         let read = Read {
             live,
             ..Default::default()

@@ -108,7 +108,7 @@ pub(super) struct Selected {
     pub(super) releasing: Vec<AnyClaim>,
     /// Earliest end of an address-reuse grace period still running.
     pub(super) grace_wait: Option<Duration>,
-    /// Every claim naming the pool, as (kind, namespace, name) → UID.
+    /// Every claim naming the pool, with its UID.
     pub(super) all: HashMap<ClaimKey, String>,
     /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
     /// again at once.
@@ -379,8 +379,8 @@ pub(super) async fn orphaned_objects(
         .take(BATCH)
         .map(|(key, address)| (key.clone(), address.clone()))
         .collect();
-    let checked = in_parallel(suspects, |((kind, namespace, name), address)| async move {
-        let current = AnyClaim::fetch(ctx, kind, &namespace, &name).await;
+    let checked = in_parallel(suspects, |(claim, address)| async move {
+        let current = AnyClaim::fetch(ctx, claim.kind, &claim.namespace, &claim.name).await;
         (address, current)
     })
     .await;
@@ -476,7 +476,11 @@ mod tests {
     /// an extra. One object per claim is no extra, whatever the order.
     #[test]
     fn a_claims_second_object_is_an_extra() {
-        let key = |claim: &str| (ClaimKind::Metal3, "ns".to_string(), claim.to_string());
+        let key = |claim: &str| ClaimKey {
+            kind: ClaimKind::Metal3,
+            namespace: "ns".to_string(),
+            name: claim.to_string(),
+        };
         let objects = || {
             vec![
                 metal3_object("c", "10.0.0.2", 20),
