@@ -295,7 +295,7 @@ impl PoolDialect for GlobalInClusterIPPool {
 
 /// The key that names `claim` among a cluster-scoped pool's `preAllocations`: `<namespace>/<name>`,
 /// or the bare `<name>` for a claim of the namespace the pool's
-/// [`PREALLOCATION_NAMESPACE_ANNOTATION`] names (a qualified key wins over a bare one).
+/// [`crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION`] names (a qualified key wins over a bare one).
 pub(super) fn global_preallocation_key(
     pool: &ObjectMeta,
     pre_allocations: &BTreeMap<String, String>,

@@ -114,7 +114,7 @@ struct Batch {
     to_delete: Vec<(AnyClaim, AnyAddress)>,
     /// Address objects whose claim is gone.
     orphaned: Vec<AnyAddress>,
-    /// Second address objects of live or releasing claims (see [`index_by_claim`]).
+    /// Second address objects of live or releasing claims (see [`read::index_by_claim`]).
     duplicates: Vec<AnyAddress>,
     /// Addresses the live objects of more than one claim hold: they stay allocated, and the
     /// report says so.
@@ -129,7 +129,7 @@ struct Batch {
     /// Which address object each claim's status names.
     named: HashMap<ClaimKey, String>,
     /// Objects of live claims that their status does not name, judged by transaction 1 (or 2,
-    /// for one met by a create) before the claim is served with them ([`intent::Found`]).
+    /// for one met by a create) before the claim is served with them ([`super::intent::Found`]).
     found_first: Vec<(AnyClaim, AnyAddress)>,
     found_second: Vec<(AnyClaim, AnyAddress)>,
     /// Address objects bitpool did not make, which hold nothing for it: the report names them.

@@ -115,7 +115,7 @@ impl Batch {
         ));
     }
 
-    /// The claims whose objects a transaction judged ([`intent::Found`]): served with them, or
+    /// The claims whose objects a transaction judged ([`Found`]): served with them, or
     /// told why not. Confirming again what the transaction confirmed changes nothing.
     pub(super) fn settle_found<P: PoolDialect>(
         &mut self,
@@ -237,7 +237,7 @@ pub(super) fn second_objects<P: PoolDialect>(
 }
 
 /// Addresses the live objects of more than one claim hold (one object per claim: a claim's
-/// second objects are another matter, see [`index_by_claim`]).
+/// second objects are another matter, see [`super::read::index_by_claim`]).
 pub(super) fn shared_addresses<P: PoolDialect>(
     pool: &P,
     addresses: &AddressIndex,
