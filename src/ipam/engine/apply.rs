@@ -12,7 +12,7 @@ use crate::ipam::Context;
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::intent::{Found, Refusal};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
-use crate::ipam::ledger::{self};
+use crate::ipam::ledger;
 use crate::runtime::error::Error;
 
 /// Apply: the address objects of transaction 1's reservations created, then those of released

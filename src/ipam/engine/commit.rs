@@ -10,7 +10,7 @@ use super::read::Selected;
 use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, address_key, keep_first};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
-use crate::ipam::intent::{self};
+use crate::ipam::intent;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
 use crate::ipam::ledger::{self, Ledger, LedgerRef};
 use crate::ipam::transaction;
