@@ -412,7 +412,9 @@ async fn first_served_version(
                 return Ok(Some(index));
             }
             Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.is_not_found() => {}
+            // A group version the server does not serve answers a bare "404 page not found",
+            // not a Status: kube-core's is_not_found (which reads the Status' reason) misses it.
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(source) => {
                 return Err(ContractError::Discovery {
                     group: group_version,
