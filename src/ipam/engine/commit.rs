@@ -166,7 +166,17 @@ pub(super) async fn repair_record<P: PoolDialect>(
     batch.foreign.extend(foreign.into_iter().cloned());
     let intent = &mut batch.first;
     intent.adopt = adopt.iter().filter_map(|a| pool.held(a)).collect();
-    if let (false, Some(first)) = (fence_over, intent.adopt.first()) {
+    if let (false, Some(first), Some(object)) = (fence_over, intent.adopt.first(), adopt.first()) {
+        // Said by each reconcile that starts a fence, with what made the record look lost, so
+        // that a fence nobody expected can be traced to the object that started it.
+        tracing::warn!(
+            pool = %pool.key().describe(),
+            object = %object.describe(),
+            named_by_its_claim = served(object),
+            record_whole = whole,
+            unlisted = intent.adopt.len(),
+            "the pool's ledger does not list live address objects; adopting them and fencing the pool"
+        );
         intent.fence = Some(format!(
             "{} did not list {} live address object(s) of the pool (for example {first})",
             ledger_ref.describe(),
