@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::commit::Reserved;
-
 use super::{Batch, Outcomes, Round, address_key, claim_key, in_parallel, vouches};
 use crate::alloc::Lease;
 use crate::ipam::Context;
