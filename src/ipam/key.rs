@@ -36,11 +36,6 @@ impl PoolKind {
             .find(|k| k.group() == group && k.as_str() == kind)
     }
 
-    /// The pool kind of a kind name alone (the five names are distinct across both groups).
-    pub fn named(kind: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == kind)
-    }
-
     /// The kind as the API names it.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -194,7 +189,6 @@ mod tests {
     fn every_kind_reads_back_from_its_group_and_name() {
         for kind in PoolKind::ALL {
             assert_eq!(PoolKind::of(kind.group(), kind.as_str()), Some(kind));
-            assert_eq!(PoolKind::named(kind.as_str()), Some(kind));
         }
         assert_eq!(PoolKind::of("other.example", "InClusterIPPool"), None);
         assert_eq!(PoolKind::of(capi::GROUP, "IPPool"), None);

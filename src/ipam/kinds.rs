@@ -216,12 +216,12 @@ impl AnyClaim {
         match self {
             AnyClaim::Capi(_) => {
                 let api = Api::<IPAddress>::namespaced(ctx.client.clone(), &ns);
-                let found = api.get_opt(name).await.call(Verb::Get, &api, name)?;
+                let found = objects::get_optional(&api, name).await?;
                 Ok(found.map(|a| AnyAddress::Capi(Arc::new(a))))
             }
             AnyClaim::Metal3(_) => {
                 let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns);
-                let found = api.get_opt(name).await.call(Verb::Get, &api, name)?;
+                let found = objects::get_optional(&api, name).await?;
                 Ok(found.map(|a| AnyAddress::Metal3(Arc::new(a))))
             }
         }

@@ -27,7 +27,8 @@ use serde::{Deserialize, Serialize};
 use crate::alloc::set::AddressSet;
 use crate::alloc::{Family, family};
 use crate::client::clock;
-use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::error::{Error, Verb, object_of};
+use crate::runtime::objects;
 
 const IPV4_KEY: &str = "ipv4";
 const IPV6_KEY: &str = "ipv6";
@@ -469,12 +470,7 @@ impl LedgerRef {
 
     /// The ledger as the server has it now (never from a cache).
     pub async fn load(&self) -> Result<Loaded, Error> {
-        let Some(config_map) =
-            self.api
-                .get_opt(&self.name)
-                .await
-                .call(Verb::Get, &self.api, &self.name)?
-        else {
+        let Some(config_map) = objects::get_optional(&self.api, &self.name).await? else {
             return Ok(Loaded::Missing);
         };
         let resource_version = config_map.metadata.resource_version.clone();

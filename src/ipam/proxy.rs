@@ -55,8 +55,7 @@ async fn proxied(ctx: &Context, claim: &IPAddressClaim) -> Result<Proxied, Error
         (Some(c), Some(address)) if c.status == "True" => {
             let api: Api<IPAddress> =
                 Api::namespaced(ctx.client.clone(), &claim.namespace().unwrap_or_default());
-            let found = api.get_opt(&address.name).await;
-            match found.call(Verb::Get, &api, &address.name)? {
+            match objects::get_optional(&api, &address.name).await? {
                 Some(a) => Ok(Proxied::Allocated(Box::new(a))),
                 None => Ok(Proxied::Pending),
             }
@@ -199,8 +198,7 @@ impl Proxy<'_> {
             return Ok(Step::Done);
         }
         let name = ipclaim.name_any();
-        let existing = self.claims.get_opt(&name).await;
-        let existing = existing.call(Verb::Get, &self.claims, &name)?;
+        let existing = objects::get_optional(&self.claims, &name).await?;
         if let Some(address) = self.mirrors.get(&name)
             && !address.delete(self.ctx, ADDRESS_FINALIZER).await?
         {
@@ -241,8 +239,7 @@ impl Proxy<'_> {
     /// event comes) when there is none to use.
     async fn proxy_of(&self, ipclaim: &Arc<IPClaim>) -> Result<Option<IPAddressClaim>, Error> {
         let name = ipclaim.name_any();
-        let existing = self.claims.get_opt(&name).await;
-        match existing.call(Verb::Get, &self.claims, &name)? {
+        match objects::get_optional(&self.claims, &name).await? {
             Some(proxy) if owned_by(&proxy, ipclaim) => Ok(Some(proxy)),
             Some(_) => {
                 let message =

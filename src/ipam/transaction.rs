@@ -49,8 +49,7 @@ pub fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> LedgerRef {
 /// Creates the ledger namespace if it is missing (a missing one would stop every pool).
 pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> {
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let found = namespaces.get_opt(name).await;
-    if found.call(Verb::Get, &namespaces, name)?.is_some() {
+    if objects::get_optional(&namespaces, name).await?.is_some() {
         return Ok(());
     }
     let namespace = Namespace {
