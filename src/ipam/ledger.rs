@@ -553,15 +553,7 @@ impl LedgerRef {
 
     /// Deletes the ledger (its pool is gone); a missing one is fine.
     pub async fn delete(&self) -> Result<(), Error> {
-        match self.api.delete(&self.name, &Default::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.is_not_found() => Ok(()),
-            Err(e) => Err(Error::api(
-                Verb::Delete,
-                object_of(&self.api, &self.name),
-                e,
-            )),
-        }
+        objects::delete_ignoring_missing(&self.api, &self.name).await
     }
 }
 
