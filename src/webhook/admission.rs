@@ -71,14 +71,13 @@ impl Webhooks {
 
     async fn validate(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
         let kind = &request.kind;
+        match pool_kind(request) {
+            Some(PoolKind::Metal3IPPool) => return self.metal3_pool(request).await,
+            Some(pool) if pool.is_prefix() => return self.prefix_pool(request, pool).await,
+            Some(pool) => return self.capi_pool(request, pool).await,
+            None => {}
+        }
         match (kind.group.as_str(), kind.kind.as_str()) {
-            (capi::GROUP, "InClusterIPPool" | "GlobalInClusterIPPool") => {
-                self.capi_pool(request).await
-            }
-            (capi::GROUP, "InClusterPrefixPool" | "GlobalInClusterPrefixPool") => {
-                self.prefix_pool(request).await
-            }
-            (metal3_ipam::GROUP, "IPPool") => self.metal3_pool(request).await,
             (metal3_ipam::GROUP, "IPClaim") => self.ipclaim(request).await,
             (metal3_ipam::GROUP, "IPAddress") => {
                 let mut problems = metal3_address(request)?;
@@ -91,6 +90,11 @@ impl Webhooks {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// The pool kind of the request's object, `None` when it is not a pool.
+fn pool_kind(request: &AdmissionRequest<DynamicObject>) -> Option<PoolKind> {
+    PoolKind::of(&request.kind.group, &request.kind.kind)
 }
 
 /// Adds the warnings a valid object earns (kubectl prints them on apply).
@@ -113,12 +117,12 @@ fn warn(
             .and_then(|a| a.get(crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION));
         rules::bare_preallocation_warnings(keys, namespace.map(String::as_str))
     }
-    let warnings = match (request.kind.group.as_str(), kind) {
-        (capi::GROUP, "InClusterIPPool") => decode::<InClusterIPPool>(kind, object)
+    let warnings = match pool_kind(request) {
+        Some(PoolKind::InClusterIPPool) => decode::<InClusterIPPool>(kind, object)
             .ok()
             .flatten()
             .map(|p| rules::capi_pool_warnings(&p.spec)),
-        (capi::GROUP, "GlobalInClusterIPPool") => decode::<GlobalInClusterIPPool>(kind, object)
+        Some(PoolKind::GlobalInClusterIPPool) => decode::<GlobalInClusterIPPool>(kind, object)
             .ok()
             .flatten()
             .map(|p| {
@@ -126,7 +130,7 @@ fn warn(
                 warnings.extend(bare(&p.metadata, &p.spec.pool.pre_allocations));
                 warnings
             }),
-        (capi::GROUP, "GlobalInClusterPrefixPool") => {
+        Some(PoolKind::GlobalInClusterPrefixPool) => {
             decode::<GlobalInClusterPrefixPool>(kind, object)
                 .ok()
                 .flatten()
@@ -194,7 +198,7 @@ fn mutate(
     request: &AdmissionRequest<DynamicObject>,
     response: AdmissionResponse,
 ) -> AdmissionResponse {
-    let is_ippool = request.kind.group == metal3_ipam::GROUP && request.kind.kind == "IPPool";
+    let is_ippool = pool_kind(request) == Some(PoolKind::Metal3IPPool);
     let unset = request.object.as_ref().is_some_and(|o| {
         o.data
             .pointer("/spec/allocationStrategy")
@@ -216,15 +220,18 @@ fn mutate(
 }
 
 impl Webhooks {
-    async fn capi_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
-        let kind = request.kind.kind.as_str();
-        let global = kind == "GlobalInClusterIPPool";
+    async fn capi_pool(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: PoolKind,
+    ) -> Verdict {
         let spec_of =
             |o: Option<&DynamicObject>| -> Result<Option<InClusterIPPoolSpec>, AdmissionError> {
-                Ok(if global {
-                    decode::<GlobalInClusterIPPool>(kind, o)?.map(|p| p.spec.pool)
+                let name = kind.as_str();
+                Ok(if kind.is_global() {
+                    decode::<GlobalInClusterIPPool>(name, o)?.map(|p| p.spec.pool)
                 } else {
-                    decode::<InClusterIPPool>(kind, o)?.map(|p| p.spec)
+                    decode::<InClusterIPPool>(name, o)?.map(|p| p.spec)
                 })
             };
         let namespace = request.namespace.clone();
@@ -268,14 +275,18 @@ impl Webhooks {
         Ok(problems)
     }
 
-    async fn prefix_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
-        let kind = request.kind.kind.as_str();
+    async fn prefix_pool(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: PoolKind,
+    ) -> Verdict {
         let spec_of =
             |o: Option<&DynamicObject>| -> Result<Option<InClusterPrefixPoolSpec>, AdmissionError> {
-                Ok(if kind == "GlobalInClusterPrefixPool" {
-                    decode::<GlobalInClusterPrefixPool>(kind, o)?.map(|p| p.spec.pool)
+                let name = kind.as_str();
+                Ok(if kind.is_global() {
+                    decode::<GlobalInClusterPrefixPool>(name, o)?.map(|p| p.spec.pool)
                 } else {
-                    decode::<InClusterPrefixPool>(kind, o)?.map(|p| p.spec)
+                    decode::<InClusterPrefixPool>(name, o)?.map(|p| p.spec)
                 })
             };
         let namespace = request.namespace.clone();
@@ -315,14 +326,15 @@ impl Webhooks {
     }
 
     async fn metal3_pool(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
+        let kind = PoolKind::Metal3IPPool;
         let namespace = request.namespace.clone();
         if request.operation == Operation::Delete {
-            return self.pool_delete(request, "IPPool", namespace).await;
+            return self.pool_delete(request, kind, namespace).await;
         }
         if spec_unchanged(request) {
             return Ok(Vec::new());
         }
-        let Some(new) = decode::<IPPool>("IPPool", request.object.as_ref())? else {
+        let Some(new) = decode::<IPPool>(kind.as_str(), request.object.as_ref())? else {
             return Ok(Vec::new());
         };
         let layout = match rules::metal3_pool(&new.spec) {
@@ -330,19 +342,19 @@ impl Webhooks {
             Err(problems) => return Ok(problems),
         };
         let mut problems = Vec::new();
-        if let Some(old) = decode::<IPPool>("IPPool", request.old_object.as_ref())? {
+        if let Some(old) = decode::<IPPool>(kind.as_str(), request.old_object.as_ref())? {
             problems.extend(rules::metal3_pool_update(&old.spec, &new.spec));
             let indexes = old.status.map(|s| s.indexes).unwrap_or_default();
             problems.extend(rules::metal3_indexes_in_bounds(&indexes, &layout));
             if !annotated_true(request.object.as_ref(), rules::ALLOW_SHRINK_ANNOTATION) {
                 let old_layout = rules::metal3_pool(&old.spec).ok();
-                let held = self.held(request, "IPPool", namespace.as_deref()).await?;
+                let held = self.held(request, kind, namespace.as_deref()).await?;
                 problems.extend(rules::shrink(&held, old_layout.as_ref(), &layout));
             }
         }
         if self.refuse_overlap {
             let others = self
-                .other_layouts("IPPool", namespace.as_deref(), &request.name)
+                .other_layouts(kind, namespace.as_deref(), &request.name)
                 .await?;
             problems.extend(rules::overlaps(&layout, &others));
         }
@@ -355,7 +367,7 @@ impl Webhooks {
     async fn pool_delete(
         &self,
         request: &AdmissionRequest<DynamicObject>,
-        kind: &str,
+        kind: PoolKind,
         namespace: Option<String>,
     ) -> Verdict {
         if annotated(request.old_object.as_ref(), SKIP_DELETE_CHECK_ANNOTATION) {
@@ -391,7 +403,7 @@ impl Webhooks {
     async fn held(
         &self,
         request: &AdmissionRequest<DynamicObject>,
-        kind: &str,
+        kind: PoolKind,
         namespace: Option<&str>,
     ) -> Result<Vec<Held>, AdmissionError> {
         let name = request.name.as_str();
@@ -400,9 +412,7 @@ impl Webhooks {
             .as_ref()
             .and_then(|o| o.metadata.uid.clone());
         let recorded = match uid {
-            Some(uid) if !kind.ends_with("PrefixPool") => {
-                self.recorded(kind, namespace, name, uid).await?
-            }
+            Some(uid) if !kind.is_prefix() => self.recorded(kind, namespace, name, uid).await?,
             _ => None,
         };
         let Some(ledger) = recorded else {
@@ -433,7 +443,7 @@ impl Webhooks {
     /// The pool's ledger, if there is one this pool wrote.
     async fn recorded(
         &self,
-        kind: &str,
+        kind: PoolKind,
         namespace: Option<&str>,
         name: &str,
         uid: String,
@@ -441,7 +451,7 @@ impl Webhooks {
         let ledger = LedgerRef::new(
             self.client.clone(),
             &self.ledger_namespace,
-            kind,
+            kind.as_str(),
             namespace,
             name,
             uid,
@@ -460,15 +470,14 @@ impl Webhooks {
     /// The address objects of a pool, of both address kinds, as `params` list them.
     async fn listed(
         &self,
-        kind: &str,
+        kind: PoolKind,
         namespace: Option<&str>,
         name: &str,
         params: &ListParams,
     ) -> Result<Vec<Held>, AdmissionError> {
-        let (group, kinds) = if kind == "IPPool" {
-            (metal3_ipam::GROUP, AddressKinds::CapiAndMetal3)
-        } else {
-            (capi::GROUP, AddressKinds::Capi)
+        let kinds = match kind {
+            PoolKind::Metal3IPPool => AddressKinds::CapiAndMetal3,
+            _ => AddressKinds::Capi,
         };
         let fresh = listed_addresses(&self.client, namespace, kinds, params)
             .await
@@ -478,7 +487,7 @@ impl Webhooks {
             })?;
         let capi = fresh.capi.iter().filter(|a| {
             let pool = &a.spec.pool_ref;
-            pool.name == name && pool.kind == kind && pool.api_group == group
+            pool.name == name && PoolKind::of(&pool.api_group, &pool.kind) == Some(kind)
         });
         let capi = capi.map(|a| Held {
             address: a.spec.address.clone(),
@@ -487,7 +496,7 @@ impl Webhooks {
         let metal3 = fresh
             .metal3
             .iter()
-            .filter(|a| kind == "IPPool" && a.spec.pool.name.as_deref() == Some(name))
+            .filter(|a| kind == PoolKind::Metal3IPPool && a.spec.pool.name.as_deref() == Some(name))
             .map(|a| Held {
                 address: a.spec.address.clone(),
                 claim: a.spec.claim.name.clone().unwrap_or_default(),
@@ -498,7 +507,7 @@ impl Webhooks {
     /// Every other pool's layout (valid ones), named `Kind namespace/name`.
     async fn other_layouts(
         &self,
-        kind: &str,
+        kind: PoolKind,
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Vec<(String, Layout)>, AdmissionError> {
@@ -516,15 +525,25 @@ impl Webhooks {
         };
         let prefix_pools = prefix_pools.into_iter().map(|p| {
             let layout = as_addresses(&p.spec);
-            ("InClusterPrefixPool", p.namespace(), p.name_any(), layout)
+            (
+                PoolKind::InClusterPrefixPool,
+                p.namespace(),
+                p.name_any(),
+                layout,
+            )
         });
         let global_prefix_pools = global_prefix_pools.into_iter().map(|p| {
             let layout = as_addresses(&p.spec.pool);
-            ("GlobalInClusterPrefixPool", None, p.name_any(), layout)
+            (
+                PoolKind::GlobalInClusterPrefixPool,
+                None,
+                p.name_any(),
+                layout,
+            )
         });
         let capi = capi.into_iter().map(|p| {
             (
-                "InClusterIPPool",
+                PoolKind::InClusterIPPool,
                 p.namespace(),
                 p.name_any(),
                 rules::capi_pool(&p.spec),
@@ -532,7 +551,7 @@ impl Webhooks {
         });
         let globals = globals.into_iter().map(|p| {
             (
-                "GlobalInClusterIPPool",
+                PoolKind::GlobalInClusterIPPool,
                 None,
                 p.name_any(),
                 rules::capi_pool(&p.spec.pool),
@@ -540,7 +559,7 @@ impl Webhooks {
         });
         let ippools = ippools.into_iter().map(|p| {
             (
-                "IPPool",
+                PoolKind::Metal3IPPool,
                 p.namespace(),
                 p.name_any(),
                 rules::metal3_pool(&p.spec),
