@@ -9,11 +9,10 @@ use kube::api::{Api, ObjectMeta};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::Context;
-use super::dialect::{FreshAddresses, PoolDialect, Report};
+use super::dialect::{PoolDialect, Report};
 use super::duplicates;
-use super::key::{PoolKey, PoolKind};
-use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::key::PoolKind;
+use super::kinds::{AnyClaim, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
 use super::overlaps;
 use crate::alloc::{AddressSpace, Lease};
@@ -47,30 +46,6 @@ impl CapiPool for GlobalInClusterIPPool {
     fn pool_status(&self) -> Option<&InClusterIPPoolStatus> {
         self.status.as_ref()
     }
-}
-
-pub(super) fn claims_of(key: &PoolKey, ctx: &Context) -> Vec<AnyClaim> {
-    ctx.claims
-        .state()
-        .into_iter()
-        .filter(|c| key.is_named_by(&c.spec.pool_ref, c.metadata.namespace.as_deref()))
-        .map(AnyClaim::Capi)
-        .collect()
-}
-
-pub(super) fn addresses_of(
-    key: &PoolKey,
-    ctx: &Context,
-    fresh: Option<&FreshAddresses>,
-) -> Vec<AnyAddress> {
-    let all = match fresh {
-        Some(fresh) => fresh.capi.clone(),
-        None => ctx.addresses.state(),
-    };
-    all.into_iter()
-        .filter(|a| key.is_named_by(&a.spec.pool_ref, a.metadata.namespace.as_deref()))
-        .map(AnyAddress::Capi)
-        .collect()
 }
 
 /// The IPAddress for a claim, as the contract has it: named after the claim, owned by the
@@ -214,36 +189,9 @@ fn holding_back(
     shared.or(full).or(fenced)
 }
 
-/// The parts of [`PoolDialect`] every pool kind of the CAPI contract shares (address and prefix
-/// pools): its finalizers, and claims and IPAddresses naming the pool in `poolRef`.
-macro_rules! capi_contract {
-    () => {
-        const FINALIZER: &'static str = $crate::api::capi_pools::POOL_FINALIZER;
-
-        fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
-            $crate::ipam::capi::claims_of(&self.key(), ctx)
-        }
-
-        fn claim_finalizer(_: ClaimKind) -> &'static str {
-            $crate::api::capi_pools::CLAIM_FINALIZER
-        }
-
-        fn address_finalizer(_: ClaimKind) -> &'static str {
-            $crate::api::capi_pools::ADDRESS_FINALIZER
-        }
-
-        fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
-            $crate::ipam::capi::addresses_of(&self.key(), ctx, fresh)
-        }
-    };
-}
-pub(super) use capi_contract;
-
 /// The parts of [`PoolDialect`] both CAPI address pool kinds share.
 macro_rules! capi_dialect {
     () => {
-        capi_contract!();
-
         fn space(&self) -> Result<AddressSpace, String> {
             AddressSpace::capi(&$crate::ipam::spec::capi_pool(self.pool_spec()))
                 .map_err(|e| e.to_string())

@@ -11,7 +11,7 @@ use kube::api::{Api, ObjectMeta};
 use kube::{Client, Resource, ResourceExt};
 
 use crate::alloc::{self, AddressSpace, Lease};
-use crate::api::{capi, metal3_ipam};
+use crate::api::{capi, capi_pools, metal3_ipam};
 use crate::ipam::Context;
 use crate::ipam::duplicates::SharedAddress;
 use crate::ipam::intent::Refusal;
@@ -64,7 +64,8 @@ pub struct Report<'a> {
 pub trait PoolDialect:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize + Send + Sync + 'static
 {
-    const FINALIZER: &'static str;
+    /// The pool's finalizer: Cluster API's, which every kind but Metal3's IPPool has.
+    const FINALIZER: &'static str = capi_pools::POOL_FINALIZER;
     const KIND: PoolKind;
     /// The address kinds this pool's addresses can be of. Only Metal3 IPPools hold Metal3
     /// IPAddresses, and a cluster that runs no Metal3 controller need not have their CRD.
@@ -126,14 +127,38 @@ pub trait PoolDialect:
     fn metadata_patch(&self, _ctx: &Context) -> Option<serde_json::Value> {
         None
     }
-    /// The claims naming this pool.
-    fn claims(&self, ctx: &Context) -> Vec<AnyClaim>;
-    /// The claim finalizer, per claim kind.
-    fn claim_finalizer(kind: ClaimKind) -> &'static str;
-    /// The address finalizer, per claim kind.
-    fn address_finalizer(kind: ClaimKind) -> &'static str;
-    /// The pool's address objects, from the caches or `fresh` (read from the server).
-    fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress>;
+    /// The claims naming this pool: by default the IPAddressClaims whose `poolRef` names it,
+    /// as the Cluster API contract has it.
+    fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
+        let key = self.key();
+        ctx.claims
+            .state()
+            .into_iter()
+            .filter(|c| key.is_named_by(&c.spec.pool_ref, c.metadata.namespace.as_deref()))
+            .map(AnyClaim::Capi)
+            .collect()
+    }
+    /// The claim finalizer, per claim kind (by default the Cluster API contract's).
+    fn claim_finalizer(_kind: ClaimKind) -> &'static str {
+        capi_pools::CLAIM_FINALIZER
+    }
+    /// The address finalizer, per claim kind (by default the Cluster API contract's).
+    fn address_finalizer(_kind: ClaimKind) -> &'static str {
+        capi_pools::ADDRESS_FINALIZER
+    }
+    /// The pool's address objects, from the caches or `fresh` (read from the server): by
+    /// default the IPAddresses whose `poolRef` names it.
+    fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
+        let key = self.key();
+        let all = match fresh {
+            Some(fresh) => fresh.capi.clone(),
+            None => ctx.addresses.state(),
+        };
+        all.into_iter()
+            .filter(|a| key.is_named_by(&a.spec.pool_ref, a.metadata.namespace.as_deref()))
+            .map(AnyAddress::Capi)
+            .collect()
+    }
     /// The address object `claim` gets for `lease`, or why none can be written.
     fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String>;
     /// Why no address object of `family` could be written for `claim` (an invalid name), found

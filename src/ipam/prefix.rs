@@ -11,12 +11,11 @@ use std::net::IpAddr;
 use kube::api::Api;
 use kube::{Client, Resource, ResourceExt};
 
-use super::Context;
-use super::capi::{capi_address, capi_contract, global_preallocation_key, status_patch};
-use super::dialect::{FreshAddresses, PoolDialect, Report};
+use super::capi::{capi_address, global_preallocation_key, status_patch};
+use super::dialect::{PoolDialect, Report};
 use super::intent::Refusal;
 use super::key::PoolKind;
-use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::kinds::{AnyAddress, AnyClaim, NewAddress};
 use super::overlaps::Covered;
 use crate::alloc::{self, AddressSpace, AllocError, Family, Lease, Numbering};
 use crate::api::capi_pools::{
@@ -98,8 +97,6 @@ impl PrefixPool for GlobalInClusterPrefixPool {
 /// The parts of [`PoolDialect`] both prefix pool kinds share.
 macro_rules! prefix_dialect {
     () => {
-        capi_contract!();
-
         /// Sub-prefix numbers mean something only at one length: a ledger written at another
         /// (the length changed without the webhook) is rebuilt from the address objects.
         fn ledger_identity(&self) -> String {
