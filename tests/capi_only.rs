@@ -14,11 +14,11 @@ use bitpool::api::capi_pools::{
 };
 use kube::Resource;
 use kube::api::{Api, DeleteParams};
-use support::ipam::{
+use support::build::{
     capi_pool, capi_spec, claim, global_pool, global_prefix_pool, prefix_pool, prefix_spec,
-    wait_claim,
 };
 use support::plane::Dedicated;
+use support::wait::wait_claim;
 use support::{Bitpool, Env, TestNamespace, eventually, install_crds, read_crds};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -3,16 +3,14 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bitpool::api::capi::{
-    Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec,
-    IPPoolReference, LocalObjectName,
+    Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressSpec, LocalObjectName,
 };
 use bitpool::api::capi_pools::{
-    ADDRESS_FINALIZER, CLAIM_FINALIZER, GlobalInClusterIPPool, GlobalInClusterIPPoolSpec,
-    InClusterIPPool, InClusterIPPoolSpec,
+    ADDRESS_FINALIZER, CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec,
 };
 use bitpool::api::{AllocationStrategy, labels};
 use bitpool::runtime::WATCH_FILTER_LABEL;
@@ -20,6 +18,11 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
+use support::build::{
+    capi_pool, capi_spec, claim, claim_object, create_claim, create_claims, global_pool,
+    with_gateway,
+};
+use support::check::{assert_consistent, ready};
 use support::{Bitpool, Env, TestNamespace, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -29,10 +32,6 @@ trait CapiEnv {
     fn pools(&self) -> Api<InClusterIPPool>;
     fn claims(&self) -> Api<IPAddressClaim>;
     fn addresses(&self) -> Api<IPAddress>;
-    async fn pool(&self, name: &str, spec: InClusterIPPoolSpec) -> InClusterIPPool;
-    fn claim_object(&self, name: &str, kind: &str, pool: &str) -> IPAddressClaim;
-    async fn claim(&self, name: &str, pool: &str) -> IPAddressClaim;
-    async fn create_claim(&self, claim: IPAddressClaim) -> IPAddressClaim;
     async fn cluster(&self, name: &str, paused: bool);
     async fn pause_pool(&self, name: &str, paused: bool);
     async fn wait_ready(&self, name: &str, status: &str, reason: Option<&str>) -> IPAddressClaim;
@@ -55,45 +54,6 @@ impl CapiEnv for Env {
 
     fn addresses(&self) -> Api<IPAddress> {
         Api::namespaced(self.client.clone(), self.name())
-    }
-
-    async fn pool(&self, name: &str, spec: InClusterIPPoolSpec) -> InClusterIPPool {
-        let pool = InClusterIPPool {
-            metadata: self.meta(name),
-            spec,
-            status: None,
-        };
-        self.pools()
-            .create(&PostParams::default(), &pool)
-            .await
-            .expect("create pool")
-    }
-
-    fn claim_object(&self, name: &str, kind: &str, pool: &str) -> IPAddressClaim {
-        IPAddressClaim {
-            metadata: self.meta(name),
-            spec: IPAddressClaimSpec {
-                cluster_name: None,
-                pool_ref: IPPoolReference {
-                    name: pool.into(),
-                    kind: kind.into(),
-                    api_group: "ipam.cluster.x-k8s.io".into(),
-                },
-            },
-            status: None,
-        }
-    }
-
-    async fn claim(&self, name: &str, pool: &str) -> IPAddressClaim {
-        self.create_claim(self.claim_object(name, "InClusterIPPool", pool))
-            .await
-    }
-
-    async fn create_claim(&self, claim: IPAddressClaim) -> IPAddressClaim {
-        self.claims()
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim")
     }
 
     async fn cluster(&self, name: &str, paused: bool) {
@@ -136,7 +96,7 @@ impl CapiEnv for Env {
                 let claims = claims.clone();
                 async move {
                     let claim = claims.get_opt(name).await.ok()??;
-                    let ready = ready_condition(&claim)?;
+                    let ready = ready(&claim)?;
                     (ready.status == status && reason.is_none_or(|r| r == ready.reason))
                         .then_some(claim)
                 }
@@ -175,40 +135,28 @@ impl CapiEnv for Env {
     }
 }
 
-fn ready_condition(
-    claim: &IPAddressClaim,
-) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    support::ipam::ready(claim).cloned()
-}
-
-fn spec(addresses: &[&str], prefix: i32, gateway: Option<&str>) -> InClusterIPPoolSpec {
-    InClusterIPPoolSpec {
-        addresses: addresses.iter().map(|s| s.to_string()).collect(),
-        prefix,
-        gateway: gateway.map(String::from),
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn a_claim_gets_an_address_per_the_contract() {
     let env = Env::new("capi-contract").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
     env.cluster("edge-1", false).await;
     env.cluster("edge-2", false).await;
-    let pool = env
-        .pool("pool", spec(&["10.1.0.0/24"], 24, Some("10.1.0.1")))
-        .await;
-    let mut by_field = env.claim_object("node-0", "InClusterIPPool", "pool");
+    let pool = capi_pool(
+        &env,
+        "pool",
+        with_gateway(capi_spec(&["10.1.0.0/24"], 24), "10.1.0.1"),
+    )
+    .await;
+    let mut by_field = claim_object(&env, "node-0", "InClusterIPPool", "pool");
     by_field.spec.cluster_name = Some("edge-1".into());
-    env.create_claim(by_field).await;
-    let mut by_label = env.claim_object("node-1", "InClusterIPPool", "pool");
+    create_claim(&env, by_field).await;
+    let mut by_label = claim_object(&env, "node-1", "InClusterIPPool", "pool");
     by_label
         .metadata
         .labels
         .get_or_insert_default()
         .insert(labels::CLUSTER_NAME.into(), "edge-2".into());
-    env.create_claim(by_label).await;
+    create_claim(&env, by_label).await;
 
     let claim = env
         .wait_ready("node-0", "True", Some("AddressAllocated"))
@@ -299,17 +247,20 @@ async fn a_claim_gets_an_address_per_the_contract() {
 async fn claims_of_other_kinds_are_ignored_and_missing_pools_wait() {
     let env = Env::new("capi-ignore").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    let mut foreign = env.claim_object("foreign", "InClusterIPPool", "pool");
+    let mut foreign = claim_object(&env, "foreign", "InClusterIPPool", "pool");
     foreign.spec.pool_ref.api_group = "ipam.example.com".into();
-    env.create_claim(foreign).await;
-    env.create_claim(env.claim_object("other-kind", "SomeOtherPool", "pool"))
-        .await;
-    env.claim("waiting", "pool").await;
+    create_claim(&env, foreign).await;
+    create_claim(
+        &env,
+        claim_object(&env, "other-kind", "SomeOtherPool", "pool"),
+    )
+    .await;
+    claim(&env, "waiting", "InClusterIPPool", "pool").await;
     let waiting = env
         .wait_ready("waiting", "False", Some("PoolNotReady"))
         .await;
-    let message = ready_condition(&waiting)
-        .map(|c| c.message)
+    let message = ready(&waiting)
+        .map(|c| c.message.clone())
         .unwrap_or_default();
     assert!(
         message.contains("InClusterIPPool pool not found"),
@@ -321,8 +272,7 @@ async fn claims_of_other_kinds_are_ignored_and_missing_pools_wait() {
         assert!(claim.finalizers().is_empty(), "{name} was touched");
         assert!(claim.status.is_none(), "{name} got a status");
     }
-    env.pool("pool", spec(&["10.2.0.10-10.2.0.20"], 24, None))
-        .await;
+    capi_pool(&env, "pool", capi_spec(&["10.2.0.10-10.2.0.20"], 24)).await;
     env.wait_ready("waiting", "True", None).await;
     assert_eq!(env.address("waiting").await.spec.address, "10.2.0.10");
 }
@@ -331,8 +281,8 @@ async fn claims_of_other_kinds_are_ignored_and_missing_pools_wait() {
 async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
     let env = Env::new("capi-invalid").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.3.0.0/29"], 24, None)).await;
-    env.claim("first", "pool").await;
+    capi_pool(&env, "pool", capi_spec(&["10.3.0.0/29"], 24)).await;
+    claim(&env, "first", "InClusterIPPool", "pool").await;
     env.wait_ready("first", "True", None).await;
 
     env.pools()
@@ -357,13 +307,13 @@ async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
         message.contains("addresses[1]") && message.contains("10.3.0.x"),
         "{message}"
     );
-    env.claim("second", "pool").await;
+    claim(&env, "second", "InClusterIPPool", "pool").await;
     let second = env
         .wait_ready("second", "False", Some("PoolNotReady"))
         .await;
     assert!(
-        ready_condition(&second)
-            .map(|c| c.message)
+        ready(&second)
+            .map(|c| c.message.clone())
             .unwrap_or_default()
             .contains("10.3.0.x")
     );
@@ -393,35 +343,30 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
     let _bitpool = Bitpool::start(env.name(), &[]);
     let _other_bitpool = Bitpool::start(&other.name, &[]);
     // Same-named namespaced pools in two namespaces are independent.
-    env.pool("pool", spec(&["10.4.0.1-10.4.0.9"], 24, None))
-        .await;
+    capi_pool(&env, "pool", capi_spec(&["10.4.0.1-10.4.0.9"], 24)).await;
     let other_env = Env {
         client: client.clone(),
         ns: other,
     };
-    other_env
-        .pool("pool", spec(&["10.4.0.1-10.4.0.9"], 24, None))
-        .await;
-    env.claim("a", "pool").await;
-    other_env.claim("a", "pool").await;
+    capi_pool(&other_env, "pool", capi_spec(&["10.4.0.1-10.4.0.9"], 24)).await;
+    claim(&env, "a", "InClusterIPPool", "pool").await;
+    claim(&other_env, "a", "InClusterIPPool", "pool").await;
     env.wait_ready("a", "True", None).await;
     other_env.wait_ready("a", "True", None).await;
     assert_eq!(env.address("a").await.spec.address, "10.4.0.1");
     assert_eq!(other_env.address("a").await.spec.address, "10.4.0.1");
     // A claim cannot use another namespace's pool.
-    other_env.claim("lost", "only-in-first").await;
-    env.pool("only-in-first", spec(&["10.4.1.1"], 24, None))
-        .await;
+    claim(&other_env, "lost", "InClusterIPPool", "only-in-first").await;
+    capi_pool(&env, "only-in-first", capi_spec(&["10.4.1.1"], 24)).await;
     other_env
         .wait_ready("lost", "False", Some("PoolNotReady"))
         .await;
 
     // A global pool serves both namespaces from one address space. Both processes watch it
     // (its label names the first test namespace; the second process uses the same filter).
-    let (global, _cleanup) = global_pool(&env, spec(&["10.4.9.1-10.4.9.2"], 24, None)).await;
-    let global_claim =
-        |env: &Env| env.claim_object("g", "GlobalInClusterIPPool", &global.name_any());
-    env.create_claim(global_claim(&env)).await;
+    let global = global_pool(&env, "global", capi_spec(&["10.4.9.1-10.4.9.2"], 24)).await;
+    let global_claim = |env: &Env| claim_object(env, "g", "GlobalInClusterIPPool", &global);
+    create_claim(&env, global_claim(&env)).await;
     let mut second = global_claim(&other_env);
     // The second namespace's claim carries the first namespace's watch filter, so that the
     // first process (which serves global pools with that filter) sees it too.
@@ -429,7 +374,7 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
         WATCH_FILTER_LABEL.to_string(),
         env.name().to_string(),
     )]));
-    other_env.create_claim(second).await;
+    create_claim(&other_env, second).await;
     let _all_namespaces = Bitpool::start_all_namespaces(env.name());
     env.wait_ready("g", "True", None).await;
     other_env.wait_ready("g", "True", None).await;
@@ -443,74 +388,25 @@ async fn namespaced_pools_serve_their_namespace_and_global_pools_serve_all() {
     );
 }
 
-/// Deletes a cluster-scoped pool at the end of a test (its finalizer first: no bitpool is left
-/// to release it).
-/// The test's GlobalInClusterIPPool `<namespace>-global`, labelled with its watch filter, and
-/// what removes it at the end.
-async fn global_pool(
-    env: &Env,
-    spec: InClusterIPPoolSpec,
-) -> (GlobalInClusterIPPool, GlobalCleanup) {
-    let global = GlobalInClusterIPPool {
-        metadata: ObjectMeta {
-            name: Some(format!("{}-global", env.name())),
-            labels: Some(BTreeMap::from([(
-                WATCH_FILTER_LABEL.to_string(),
-                env.name().to_string(),
-            )])),
-            ..Default::default()
-        },
-        spec: GlobalInClusterIPPoolSpec { pool: spec },
-        status: None,
-    };
-    let global = Api::<GlobalInClusterIPPool>::all(env.client.clone())
-        .create(&PostParams::default(), &global)
-        .await
-        .expect("global pool");
-    let cleanup = GlobalCleanup {
-        name: global.name_any(),
-    };
-    (global, cleanup)
-}
-
-struct GlobalCleanup {
-    name: String,
-}
-
-impl Drop for GlobalCleanup {
-    fn drop(&mut self) {
-        let name = self.name.clone();
-        support::run_to_completion(async move {
-            let api: Api<GlobalInClusterIPPool> = Api::all(support::client().await);
-            let clear = json!({"metadata": {"finalizers": null}});
-            let _ = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(clear))
-                .await;
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-        });
-    }
-}
-
 #[tokio::test]
 async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
     let env = Env::new("capi-pause").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.5.0.1-10.5.0.50"], 24, None))
-        .await;
+    capi_pool(&env, "pool", capi_spec(&["10.5.0.1-10.5.0.50"], 24)).await;
     env.cluster("paused", true).await;
-    let mut claim = env.claim_object("by-cluster", "InClusterIPPool", "pool");
-    claim.spec.cluster_name = Some("paused".into());
-    env.create_claim(claim).await;
-    let mut annotated = env.claim_object("by-annotation", "InClusterIPPool", "pool");
+    let mut by_cluster = claim_object(&env, "by-cluster", "InClusterIPPool", "pool");
+    by_cluster.spec.cluster_name = Some("paused".into());
+    create_claim(&env, by_cluster).await;
+    let mut annotated = claim_object(&env, "by-annotation", "InClusterIPPool", "pool");
     annotated.metadata.annotations = Some(BTreeMap::from([(
         labels::PAUSED.to_string(),
         String::new(),
     )]));
-    env.create_claim(annotated).await;
-    let mut no_cluster = env.claim_object("no-cluster", "InClusterIPPool", "pool");
+    create_claim(&env, annotated).await;
+    let mut no_cluster = claim_object(&env, "no-cluster", "InClusterIPPool", "pool");
     no_cluster.spec.cluster_name = Some("does-not-exist".into());
-    env.create_claim(no_cluster).await;
-    env.claim("control", "pool").await;
+    create_claim(&env, no_cluster).await;
+    claim(&env, "control", "InClusterIPPool", "pool").await;
     env.wait_ready("control", "True", None).await;
     for name in ["by-cluster", "by-annotation", "no-cluster"] {
         let claim = env.claims().get(name).await.expect("claim");
@@ -541,8 +437,8 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
 
     // A paused pool serves nobody until resumed.
     env.pause_pool("pool", true).await;
-    env.claim("while-pool-paused", "pool").await;
-    env.claim("control-2", "other").await;
+    claim(&env, "while-pool-paused", "InClusterIPPool", "pool").await;
+    claim(&env, "control-2", "InClusterIPPool", "other").await;
     env.wait_ready("control-2", "False", Some("PoolNotReady"))
         .await;
     assert!(
@@ -557,8 +453,8 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
     env.wait_ready("while-pool-paused", "True", None).await;
 
     // A claim whose Cluster is gone is still released when deleted.
-    env.create_claim({
-        let mut c = env.claim_object("orphaned", "InClusterIPPool", "pool");
+    create_claim(&env, {
+        let mut c = claim_object(&env, "orphaned", "InClusterIPPool", "pool");
         c.spec.cluster_name = Some("gone".into());
         c
     })
@@ -581,17 +477,16 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
 async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
     let env = Env::new("capi-lifecycle").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.6.0.1-10.6.0.2"], 24, None))
-        .await;
-    env.claim("a", "pool").await;
-    env.claim("b", "pool").await;
+    capi_pool(&env, "pool", capi_spec(&["10.6.0.1-10.6.0.2"], 24)).await;
+    claim(&env, "a", "InClusterIPPool", "pool").await;
+    claim(&env, "b", "InClusterIPPool", "pool").await;
     env.wait_ready("a", "True", None).await;
     env.wait_ready("b", "True", None).await;
-    env.claim("c", "pool").await;
+    claim(&env, "c", "InClusterIPPool", "pool").await;
     let exhausted = env.wait_ready("c", "False", Some("PoolExhausted")).await;
     assert!(
-        ready_condition(&exhausted)
-            .map(|c| c.message)
+        ready(&exhausted)
+            .map(|c| c.message.clone())
             .unwrap_or_default()
             .contains("no free address")
     );
@@ -605,7 +500,7 @@ async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
     let held = env.address("a").await;
     assert!(held.meta().deletion_timestamp.is_some());
     assert_eq!(held.spec.address, "10.6.0.1");
-    env.claim("d", "pool").await;
+    claim(&env, "d", "InClusterIPPool", "pool").await;
     env.wait_ready("d", "False", Some("PoolExhausted")).await;
 
     env.claims()
@@ -638,17 +533,17 @@ async fn deleting_claims_releases_addresses_and_exhausted_claims_recover() {
 async fn the_reuse_grace_period_holds_a_released_address() {
     let env = Env::new("capi-grace").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    let mut pool_spec = spec(&["10.7.0.1-10.7.0.2"], 24, None);
+    let mut pool_spec = capi_spec(&["10.7.0.1-10.7.0.2"], 24);
     pool_spec.address_reuse_grace_period_seconds = Some(4);
-    env.pool("pool", pool_spec).await;
-    env.claim("a", "pool").await;
+    capi_pool(&env, "pool", pool_spec).await;
+    claim(&env, "a", "InClusterIPPool", "pool").await;
     env.wait_ready("a", "True", None).await;
     env.claims()
         .delete("a", &DeleteParams::default())
         .await
         .expect("delete");
     let deleted_at = std::time::Instant::now();
-    env.claim("b", "pool").await;
+    claim(&env, "b", "InClusterIPPool", "pool").await;
     env.wait_ready("b", "True", None).await;
     assert_eq!(
         env.address("b").await.spec.address,
@@ -671,10 +566,9 @@ async fn the_reuse_grace_period_holds_a_released_address() {
 async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_orphans() {
     let env = Env::new("capi-protect").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("pool", spec(&["10.8.0.1-10.8.0.5"], 24, None))
-        .await;
+    capi_pool(&env, "pool", capi_spec(&["10.8.0.1-10.8.0.5"], 24)).await;
     for name in ["a", "b", "c"] {
-        env.claim(name, "pool").await;
+        claim(&env, name, "InClusterIPPool", "pool").await;
         env.wait_ready(name, "True", None).await;
     }
     // Shrink the pool below c's address: c keeps it, and the pool counts it as out of range.
@@ -729,18 +623,18 @@ async fn pools_are_protected_while_addresses_are_allocated_and_shrinking_never_o
 async fn preallocations_requested_addresses_and_random_allocation() {
     let env = Env::new("capi-extensions").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    let mut pinned = spec(&["fd00:9::/120"], 64, Some("fd00:9::1"));
+    let mut pinned = with_gateway(capi_spec(&["fd00:9::/120"], 64), "fd00:9::1");
     pinned.pre_allocations = BTreeMap::from([("host-a".into(), "fd00:9::0050".into())]);
-    env.pool("pinned", pinned).await;
-    env.claim("other", "pinned").await;
-    env.claim("host-a", "pinned").await;
-    let mut requested = env.claim_object("wants-7", "InClusterIPPool", "pinned");
+    capi_pool(&env, "pinned", pinned).await;
+    claim(&env, "other", "InClusterIPPool", "pinned").await;
+    claim(&env, "host-a", "InClusterIPPool", "pinned").await;
+    let mut requested = claim_object(&env, "wants-7", "InClusterIPPool", "pinned");
     requested.metadata.annotations =
         Some(BTreeMap::from([("ipAddress".into(), "fd00:9::7".into())]));
-    env.create_claim(requested).await;
-    let mut taken = env.claim_object("wants-50", "InClusterIPPool", "pinned");
+    create_claim(&env, requested).await;
+    let mut taken = claim_object(&env, "wants-50", "InClusterIPPool", "pinned");
     taken.metadata.annotations = Some(BTreeMap::from([("ipAddress".into(), "fd00:9::50".into())]));
-    env.create_claim(taken).await;
+    create_claim(&env, taken).await;
     env.wait_ready("host-a", "True", None).await;
     env.wait_ready("other", "True", None).await;
     env.wait_ready("wants-7", "True", None).await;
@@ -751,17 +645,17 @@ async fn preallocations_requested_addresses_and_random_allocation() {
         .wait_ready("wants-50", "False", Some("AllocationFailed"))
         .await;
     assert!(
-        ready_condition(&refused)
-            .map(|c| c.message)
+        ready(&refused)
+            .map(|c| c.message.clone())
             .unwrap_or_default()
             .contains("preallocated to claim \"host-a\"")
     );
 
-    let mut random = spec(&["10.9.0.0/16"], 16, None);
+    let mut random = capi_spec(&["10.9.0.0/16"], 16);
     random.allocation_strategy = Some(AllocationStrategy::Random);
-    env.pool("random", random).await;
+    capi_pool(&env, "random", random).await;
     for i in 0..5 {
-        env.claim(&format!("r{i}"), "random").await;
+        claim(&env, &format!("r{i}"), "InClusterIPPool", "random").await;
     }
     let mut seen = BTreeSet::new();
     for i in 0..5 {
@@ -777,49 +671,36 @@ async fn preallocations_requested_addresses_and_random_allocation() {
 /// Creates `count` claims spread over `pools`, `parallel` at a time.
 async fn burst(env: &Env, pools: &[&str], count: usize) {
     let claims = (0..count).map(|i| {
-        env.claim_object(
+        claim_object(
+            env,
             &format!("claim-{i:03}"),
             "InClusterIPPool",
             pools[i % pools.len()],
         )
     });
-    support::ipam::create_claims(env, claims).await;
+    create_claims(env, claims).await;
 }
 
-/// Every claim Ready with its own IPAddress, no address twice within a pool, and each pool's
-/// ledger and counts agreeing with the IPAddress objects (nothing leaked, nothing pending).
-async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
-    support::ipam::wait_all_ready(env, count, Duration::from_secs(180)).await;
-    let addresses = env
-        .addresses()
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items;
-    assert_eq!(addresses.len(), count, "one IPAddress per claim");
-    let mut per_pool: HashMap<String, Vec<String>> = HashMap::new();
-    for a in &addresses {
-        assert_eq!(a.spec.claim_ref.name, a.name_any());
-        per_pool
-            .entry(a.spec.pool_ref.name.clone())
-            .or_default()
-            .push(a.spec.address.clone());
-    }
-    for pool in pools {
-        let list = per_pool.remove(*pool).unwrap_or_default();
-        let distinct: BTreeSet<&String> = list.iter().collect();
-        assert_eq!(
-            distinct.len(),
-            list.len(),
-            "duplicate address in pool {pool}"
-        );
-        let used = list.len() as i64;
-        eventually(&format!("pool {pool} ledger settles"), WAIT, || async {
-            let ledger = env.ledger("InClusterIPPool", pool).await?;
-            let (_, pool_used, _, _) = env.pool_counts(pool).await;
-            (ledger.pending.is_empty() && ledger.len() == used as u128 && pool_used == used)
-                .then_some(())
-        })
+/// Each of `pools` settled with its share of the claims of [`burst`] (support's check: one
+/// address object per claim, none twice, the ledger equal to the live objects), and its status
+/// counting them.
+async fn assert_pools_consistent(env: &Env, pools: &[&str], count: usize) {
+    for (index, pool) in pools.iter().enumerate() {
+        let share = (0..count).filter(|i| i % pools.len() == index).count();
+        assert_consistent(
+            env,
+            "InClusterIPPool",
+            pool,
+            share,
+            Duration::from_secs(180),
+        )
+        .await;
+        let used = i64::try_from(share).expect("a test's claim count");
+        eventually(
+            &format!("pool {pool} counts {share} used"),
+            WAIT,
+            || async { (env.pool_counts(pool).await.1 == used).then_some(()) },
+        )
         .await;
     }
 }
@@ -827,12 +708,12 @@ async fn assert_consistent(env: &Env, pools: &[&str], count: usize) {
 #[tokio::test]
 async fn two_processes_racing_never_hand_out_an_address_twice() {
     let env = Env::new("capi-race").await;
-    env.pool("left", spec(&["10.10.0.0/24"], 24, None)).await;
-    env.pool("right", spec(&["10.10.1.0/24"], 24, None)).await;
+    capi_pool(&env, "left", capi_spec(&["10.10.0.0/24"], 24)).await;
+    capi_pool(&env, "right", capi_spec(&["10.10.1.0/24"], 24)).await;
     let mut first = Bitpool::start(env.name(), &[]);
     let mut second = Bitpool::start(env.name(), &[]);
     burst(&env, &["left", "right"], 300).await;
-    assert_consistent(&env, &["left", "right"], 300).await;
+    assert_pools_consistent(&env, &["left", "right"], 300).await;
     assert!(
         first.is_running() && second.is_running(),
         "logs: {:?} {:?}",
@@ -853,14 +734,14 @@ async fn two_processes_racing_never_hand_out_an_address_twice() {
 #[tokio::test]
 async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
     let env = Env::new("capi-sigkill").await;
-    env.pool("left", spec(&["10.11.0.0/24"], 24, None)).await;
-    env.pool("right", spec(&["10.11.1.0/24"], 24, None)).await;
+    capi_pool(&env, "left", capi_spec(&["10.11.0.0/24"], 24)).await;
+    capi_pool(&env, "right", capi_spec(&["10.11.1.0/24"], 24)).await;
     let mut victim = Bitpool::start(env.name(), &[]);
     let creating = burst(&env, &["left", "right"], 300);
     // Kill at a random point of the burst: on the N-th IPAddress creation, seen by a watch so
     // that the kill lands within milliseconds of it.
     let threshold = rand::random_range(10..150);
-    let kill_mid_burst = support::ipam::kill_when_created(&env, &mut victim, threshold);
+    let kill_mid_burst = support::process::kill_when_created(&env, &mut victim, threshold);
     let ((), seen) = futures::join!(creating, kill_mid_burst);
     let at_kill = env
         .addresses()
@@ -874,7 +755,7 @@ async fn a_process_killed_mid_burst_leaves_no_duplicate_and_no_leak() {
         "the kill came after the burst ({seen} seen, {at_kill} after); it proves nothing"
     );
     let _restarted = Bitpool::start(env.name(), &[]);
-    assert_consistent(&env, &["left", "right"], 300).await;
+    assert_pools_consistent(&env, &["left", "right"], 300).await;
 }
 
 /// A claim and its IPAddress as the provider bitpool replaces left them: both finalizers, the
@@ -886,9 +767,9 @@ async fn replaced_provider_claim(
     pool: &str,
     address: &str,
 ) -> String {
-    let mut claim = env.claim_object(name, kind, pool);
+    let mut claim = claim_object(env, name, kind, pool);
     claim.metadata.finalizers = Some(vec![CLAIM_FINALIZER.into()]);
-    let claim = env.create_claim(claim).await;
+    let claim = create_claim(env, claim).await;
     let object = IPAddress {
         metadata: ObjectMeta {
             finalizers: Some(vec![ADDRESS_FINALIZER.into()]),
@@ -918,8 +799,7 @@ async fn replaced_provider_claim(
 #[tokio::test]
 async fn addresses_written_by_the_replaced_provider_are_kept() {
     let env = Env::new("capi-switch").await;
-    env.pool("pool", spec(&["10.9.0.1-10.9.0.6"], 24, None))
-        .await;
+    capi_pool(&env, "pool", capi_spec(&["10.9.0.1-10.9.0.6"], 24)).await;
     let mut before = BTreeMap::new();
     for (i, address) in ["10.9.0.2", "10.9.0.4", "10.9.0.5"].iter().enumerate() {
         let name = format!("old-{i}");
@@ -929,7 +809,7 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
 
     let _bitpool = Bitpool::start(env.name(), &[]);
     for i in 0..3 {
-        env.claim(&format!("new-{i}"), "pool").await;
+        claim(&env, &format!("new-{i}"), "InClusterIPPool", "pool").await;
     }
     let mut handed = BTreeSet::new();
     for i in 0..3 {
@@ -957,11 +837,10 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
         client: env.client.clone(),
         ns: TestNamespace::new(&env.client, "capi-switch-other").await,
     };
-    let (global, _cleanup) = global_pool(&env, spec(&["10.9.9.1-10.9.9.2"], 24, None)).await;
+    let global = global_pool(&env, "global", capi_spec(&["10.9.9.1-10.9.9.2"], 24)).await;
     let kind = "GlobalInClusterIPPool";
-    replaced_provider_claim(&other, "old", kind, &global.name_any(), "10.9.9.1").await;
-    env.create_claim(env.claim_object("new-global", kind, &global.name_any()))
-        .await;
+    replaced_provider_claim(&other, "old", kind, &global, "10.9.9.1").await;
+    create_claim(&env, claim_object(&env, "new-global", kind, &global)).await;
     env.wait_ready("new-global", "True", None).await;
     assert_eq!(
         env.address("new-global").await.spec.address,
@@ -977,12 +856,20 @@ async fn addresses_written_by_the_replaced_provider_are_kept() {
 async fn a_gateway_outside_the_subnet_leaves_the_pool_serving() {
     let env = Env::new("capi-gateway").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool("v4", spec(&["10.0.0.50-10.0.0.52"], 24, Some("10.0.1.1")))
-        .await;
-    env.pool("v6", spec(&["fe80::ffff"], 120, Some("fe80::a")))
-        .await;
-    env.claim("on-v4", "v4").await;
-    env.claim("on-v6", "v6").await;
+    capi_pool(
+        &env,
+        "v4",
+        with_gateway(capi_spec(&["10.0.0.50-10.0.0.52"], 24), "10.0.1.1"),
+    )
+    .await;
+    capi_pool(
+        &env,
+        "v6",
+        with_gateway(capi_spec(&["fe80::ffff"], 120), "fe80::a"),
+    )
+    .await;
+    claim(&env, "on-v4", "InClusterIPPool", "v4").await;
+    claim(&env, "on-v6", "InClusterIPPool", "v6").await;
     env.wait_ready("on-v4", "True", None).await;
     env.wait_ready("on-v6", "True", None).await;
     let v4 = env.address("on-v4").await.spec;
@@ -1006,9 +893,12 @@ async fn a_gateway_outside_the_subnet_leaves_the_pool_serving() {
 #[tokio::test]
 async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
     let env = Env::new("capi-adopt").await;
-    let pool = env
-        .pool("pool", spec(&["10.0.0.1-10.0.0.254"], 24, Some("10.0.0.2")))
-        .await;
+    let pool = capi_pool(
+        &env,
+        "pool",
+        with_gateway(capi_spec(&["10.0.0.1-10.0.0.254"], 24), "10.0.0.2"),
+    )
+    .await;
     env.cluster("k", false).await;
     let marker = Api::<ConfigMap>::namespaced(env.client.clone(), env.name())
         .create(
@@ -1033,8 +923,7 @@ async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
             claim_ref: LocalObjectName {
                 name: "restored".into(),
             },
-            pool_ref: env
-                .claim_object("x", "InClusterIPPool", "pool")
+            pool_ref: claim_object(&env, "x", "InClusterIPPool", "pool")
                 .spec
                 .pool_ref,
             address: "10.0.0.1".into(),
@@ -1049,14 +938,14 @@ async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
         .expect("create the IPAddress by hand");
 
     let _bitpool = Bitpool::start(env.name(), &[]);
-    let mut claim = env.claim_object("restored", "InClusterIPPool", "pool");
-    claim.spec.cluster_name = Some("k".into());
-    let claim = env.create_claim(claim).await;
-    env.claim("new", "pool").await;
+    let mut restored = claim_object(&env, "restored", "InClusterIPPool", "pool");
+    restored.spec.cluster_name = Some("k".into());
+    let restored = create_claim(&env, restored).await;
+    claim(&env, "new", "InClusterIPPool", "pool").await;
     env.wait_ready("restored", "True", None).await;
     env.wait_ready("new", "True", None).await;
     let owners = |a: &IPAddress| a.metadata.owner_references.clone().unwrap_or_default();
-    let claim_owner = bitpool::runtime::objects::owner_reference(&claim, true).expect("uid");
+    let claim_owner = bitpool::runtime::objects::owner_reference(&restored, true).expect("uid");
     let pool_owner = bitpool::runtime::objects::owner_reference(&pool, false).expect("uid");
     let adopted = eventually("the IPAddress adopted", WAIT, || async {
         let address = env.addresses().get("restored").await.ok()?;
@@ -1084,10 +973,10 @@ async fn an_existing_address_is_adopted_with_owners_finalizer_and_label() {
 #[tokio::test]
 async fn a_paused_pool_protects_its_claims_until_it_resumes() {
     let env = Env::new("capi-paused-protect").await;
-    env.pool("pool", spec(&["10.0.20.51"], 24, None)).await;
+    capi_pool(&env, "pool", capi_spec(&["10.0.20.51"], 24)).await;
     env.pause_pool("pool", true).await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.claim("deleted", "pool").await;
+    claim(&env, "deleted", "InClusterIPPool", "pool").await;
     let protected = |name: &'static str| {
         let claims = env.claims();
         async move {
@@ -1098,14 +987,14 @@ async fn a_paused_pool_protects_its_claims_until_it_resumes() {
                 .then_some(claim)
         }
     };
-    let claim = eventually("the claim protected", WAIT, || protected("deleted")).await;
-    assert!(claim.status.is_none(), "a paused pool serves nobody");
+    let deleted = eventually("the claim protected", WAIT, || protected("deleted")).await;
+    assert!(deleted.status.is_none(), "a paused pool serves nobody");
     env.claims()
         .delete("deleted", &DeleteParams::default())
         .await
         .expect("delete claim");
     // A later claim protected means the pool was reconciled after the deletion.
-    env.claim("later", "pool").await;
+    claim(&env, "later", "InClusterIPPool", "pool").await;
     eventually("the later claim protected", WAIT, || protected("later")).await;
     let waiting = env.claims().get("deleted").await.expect("the claim waits");
     assert!(waiting.metadata.deletion_timestamp.is_some());
@@ -1130,7 +1019,7 @@ async fn the_api_server_bounds_bitpools_extensions() {
     let env = Env::new("capi-bounds").await;
     let pools: Api<InClusterIPPool> = env.api();
     let pool = |name: &str, edit: &dyn Fn(&mut InClusterIPPoolSpec)| {
-        let mut spec = support::ipam::capi_spec(&["10.80.0.0/16"], 16);
+        let mut spec = support::build::capi_spec(&["10.80.0.0/16"], 16);
         edit(&mut spec);
         InClusterIPPool {
             metadata: env.meta(name),

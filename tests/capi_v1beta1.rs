@@ -14,7 +14,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
+use support::wait::*;
 use support::{Bitpool, Env, TestNamespace, eventually, read_crds, upstream_crds_dir};
 
 const CAPI_1_10: [&str; 4] = [

@@ -26,7 +26,8 @@ use kube::api::{
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::plane::Dedicated;
-use support::webhook::{Certs, free_port};
+use support::process::free_port;
+use support::webhook::Certs;
 use support::{Bitpool, eventually, read_crds, root};
 
 const NS: &str = "metal3";

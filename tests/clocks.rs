@@ -12,7 +12,9 @@ use bitpool::ipam::ledger::REBUILD_FENCE;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams};
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
+use support::wait::*;
 use support::{Bitpool, Env, eventually};
 
 /// The API server's time now: the creation time of an object written for the purpose.

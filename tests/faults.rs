@@ -15,7 +15,9 @@ use bitpool::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
+use support::wait::*;
 use support::{Bitpool, Env, eventually};
 
 /// Pools of every kind with claims of both kinds, a claim on a missing pool, one on an invalid
@@ -686,7 +688,7 @@ async fn global_preallocations_name_the_namespace() {
     // The squatters come first, with both names, from another namespace.
     let theirs: Api<IPAddressClaim> = Api::namespaced(env.client.clone(), &other.name);
     for name in ["web", "solo"] {
-        let mut squatter = claim_object(&env, name, CAPI_GROUP, "GlobalInClusterIPPool", &global);
+        let mut squatter = claim_object(&env, name, "GlobalInClusterIPPool", &global);
         squatter.metadata.namespace = Some(other.name.clone());
         create(&theirs, &squatter).await;
     }
@@ -906,25 +908,6 @@ async fn overlapping_pools_say_so() {
     assert_warnings_name_objects(&bitpool);
 }
 
-/// Waits until an Event of `reason` is recorded in the test namespace.
-async fn wait_event(env: &Env, reason: &str) {
-    wait_event_in(env, env.name(), reason).await;
-}
-
-/// Waits for an Event with `reason` in `namespace` (a cluster-scoped object's are in `default`).
-async fn wait_event_in(env: &Env, namespace: &str, reason: &str) {
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(env.client.clone(), namespace);
-    eventually(&format!("an Event {reason}"), WAIT, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(reason))
-            .then_some(())
-    })
-    .await;
-}
-
 /// Deletes the claim `name` and waits until it is gone (its address released).
 async fn delete_claim(env: &Env, name: &str) {
     let claims: Api<IPAddressClaim> = env.api();
@@ -1139,7 +1122,7 @@ async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
     )
     .await;
     let their_claims: Api<IPAddressClaim> = Api::namespaced(env.client.clone(), &tenant.name);
-    let mut grab = claim_object(&env, "grab", CAPI_GROUP, "GlobalInClusterIPPool", &global);
+    let mut grab = claim_object(&env, "grab", "GlobalInClusterIPPool", &global);
     grab.metadata.namespace = Some(tenant.name.clone());
     create(&their_claims, &grab).await;
 
@@ -1153,7 +1136,7 @@ async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
     })
     .await;
     assert!(refused.contains(&mine), "{refused}");
-    wait_event_in(&env, "default", "ForeignAddress").await;
+    wait_event_in(&env, "default", None, "ForeignAddress").await;
 
     assert_eq!(
         address_of(&env, "mine").await,
@@ -1230,7 +1213,7 @@ async fn a_sigkill_loop_on_a_metal3_pool_with_both_claim_kinds_leaves_no_orphan(
         for i in 0..10 {
             let name = format!("f-{i:02}");
             create(&ipclaims, &ipclaim_object(&env, &name, "m3")).await;
-            let claim = claim_object(&env, &name, METAL3_GROUP, "IPPool", "m3");
+            let claim = claim_object(&env, &name, "IPPool", "m3");
             create(&claims, &claim).await;
             tokio::time::sleep(Duration::from_millis(rand::random_range(0..800))).await;
             let _ = ipclaims.delete(&name, &DeleteParams::default()).await;

@@ -7,26 +7,19 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
-use bitpool::api::metal3_ipam::{
-    IPClaim, IPClaimSpec, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange,
-};
+use bitpool::api::capi::{IPAddress, IPAddressClaim, IPPoolReference};
+use bitpool::api::metal3_ipam::{IPClaim, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
-use support::ipam::listed;
+use support::build::{claim_object, create, create_claim, ipclaim_object, metal3_pool};
+use support::check::listed;
 use support::{Bitpool, Env, eventually};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 /// Metal3 helpers on the shared test environment.
 trait Metal3Env {
-    async fn pool(&self, name: &str, spec: IPPoolSpec);
-    fn ipclaim(&self, name: &str, pool: &str) -> IPClaim;
-    fn capi_claim(&self, name: &str, pool: &str) -> IPAddressClaim;
-    async fn create_ipclaim(&self, claim: IPClaim);
-    async fn create_capi_claim(&self, claim: IPAddressClaim);
     async fn wait_ipclaim<T>(
         &self,
         name: &str,
@@ -39,61 +32,6 @@ trait Metal3Env {
 }
 
 impl Metal3Env for Env {
-    async fn pool(&self, name: &str, spec: IPPoolSpec) {
-        let pool = IPPool {
-            metadata: self.meta(name),
-            spec,
-            status: None,
-        };
-        self.api::<IPPool>()
-            .create(&PostParams::default(), &pool)
-            .await
-            .expect("create IPPool");
-    }
-
-    fn ipclaim(&self, name: &str, pool: &str) -> IPClaim {
-        IPClaim {
-            metadata: self.meta(name),
-            spec: IPClaimSpec {
-                pool: ObjectReference {
-                    name: Some(pool.into()),
-                    namespace: Some(self.ns.name.clone()),
-                    ..Default::default()
-                },
-            },
-            status: None,
-        }
-    }
-
-    fn capi_claim(&self, name: &str, pool: &str) -> IPAddressClaim {
-        IPAddressClaim {
-            metadata: self.meta(name),
-            spec: IPAddressClaimSpec {
-                cluster_name: None,
-                pool_ref: IPPoolReference {
-                    name: pool.into(),
-                    kind: "IPPool".into(),
-                    api_group: "ipam.metal3.io".into(),
-                },
-            },
-            status: None,
-        }
-    }
-
-    async fn create_ipclaim(&self, claim: IPClaim) {
-        self.api::<IPClaim>()
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create IPClaim");
-    }
-
-    async fn create_capi_claim(&self, claim: IPAddressClaim) {
-        self.api::<IPAddressClaim>()
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create IPAddressClaim");
-    }
-
     /// Waits for the IPClaim's status to satisfy `check`.
     async fn wait_ipclaim<T>(
         &self,
@@ -184,14 +122,14 @@ async fn ipclaims_get_addresses_as_upstream_makes_them() {
         dns_servers: vec!["192.168.1.53".into()],
         ..Default::default()
     });
-    env.pool("pool", pool_spec(ranges)).await;
-    let mut claim = env.ipclaim("node-0-pool", "pool");
+    metal3_pool(&env, "pool", pool_spec(ranges)).await;
+    let mut claim = ipclaim_object(&env, "node-0-pool", "pool");
     claim
         .metadata
         .labels
         .get_or_insert_default()
         .insert("cluster.x-k8s.io/cluster-name".into(), "test1".into());
-    env.create_ipclaim(claim).await;
+    create(&env.api(), &claim).await;
 
     let address = env.allocated("node-0-pool").await;
     assert_eq!(address.name_any(), "test1-prov-192-168-0-10");
@@ -240,11 +178,13 @@ async fn ipclaims_get_addresses_as_upstream_makes_them() {
 
     // The second entry's own prefix, gateway and DNS servers; its gateway is never handed out.
     for i in 0..11 {
-        env.create_ipclaim(env.ipclaim(&format!("fill-{i}"), "pool"))
-            .await;
-    }
-    env.create_ipclaim(env.ipclaim("second-entry", "pool"))
+        create(
+            &env.api(),
+            &ipclaim_object(&env, &format!("fill-{i}"), "pool"),
+        )
         .await;
+    }
+    create(&env.api(), &ipclaim_object(&env, "second-entry", "pool")).await;
     let second = env.allocated("second-entry").await;
     assert_eq!(
         second.spec.address, "192.168.1.3",
@@ -278,27 +218,27 @@ async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut small = pool_spec(vec![range("192.168.0.10", "192.168.0.11")]);
     small.pre_allocations = BTreeMap::from([("lost".to_string(), "192.168.9.9".to_string())]);
-    env.pool("small", small).await;
-    env.create_ipclaim(env.ipclaim("lost", "small")).await;
+    metal3_pool(&env, "small", small).await;
+    create(&env.api(), &ipclaim_object(&env, "lost", "small")).await;
     env.error_of("lost", "Pre-allocated IP out of bounds").await;
-    env.create_ipclaim(env.ipclaim("a", "small")).await;
+    create(&env.api(), &ipclaim_object(&env, "a", "small")).await;
     env.allocated("a").await;
-    env.create_ipclaim(env.ipclaim("b", "small")).await;
+    create(&env.api(), &ipclaim_object(&env, "b", "small")).await;
     env.allocated("b").await;
-    env.create_ipclaim(env.ipclaim("c", "small")).await;
+    create(&env.api(), &ipclaim_object(&env, "c", "small")).await;
     env.error_of("c", "Exhausted IP Pools").await;
-    let mut taken = env.ipclaim("wants-taken", "small");
+    let mut taken = ipclaim_object(&env, "wants-taken", "small");
     taken.metadata.annotations = Some(BTreeMap::from([(
         "ipAddress".into(),
         "192.168.0.10".into(),
     )]));
-    env.create_ipclaim(taken).await;
+    create(&env.api(), &taken).await;
     env.error_of("wants-taken", "Requested IP not available")
         .await;
-    let mut garbage = env.ipclaim("wants-garbage", "small");
+    let mut garbage = ipclaim_object(&env, "wants-garbage", "small");
     garbage.metadata.annotations =
         Some(BTreeMap::from([("ipAddress".into(), "192.168.0.x".into())]));
-    env.create_ipclaim(garbage).await;
+    create(&env.api(), &garbage).await;
     env.error_of(
         "wants-garbage",
         "Invalid ipAddress annotation \"192.168.0.x\": not a valid IP address",
@@ -323,20 +263,27 @@ async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
 async fn capi_claims_share_the_pool_and_same_names_do_not_collide() {
     let env = Env::new("m3-capi").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool(
+    metal3_pool(
+        &env,
         "provisioning-pool",
         pool_spec(vec![range("192.168.0.10", "192.168.0.20")]),
     )
     .await;
     // upstream's own example creates exactly this pair: an IPClaim and an IPAddressClaim with the
     // same name on the same pool.
-    env.create_ipclaim(env.ipclaim("provisioning-pool", "provisioning-pool"))
-        .await;
-    env.create_capi_claim(env.capi_claim("provisioning-pool", "provisioning-pool"))
-        .await;
-    let mut foreign = env.capi_claim("foreign", "provisioning-pool");
+    create(
+        &env.api(),
+        &ipclaim_object(&env, "provisioning-pool", "provisioning-pool"),
+    )
+    .await;
+    create_claim(
+        &env,
+        claim_object(&env, "provisioning-pool", "IPPool", "provisioning-pool"),
+    )
+    .await;
+    let mut foreign = claim_object(&env, "foreign", "IPPool", "provisioning-pool");
     foreign.spec.pool_ref.api_group = "ipam.example.com".into();
-    env.create_capi_claim(foreign).await;
+    create_claim(&env, foreign).await;
 
     let metal3 = env.allocated("provisioning-pool").await;
     let capi = env.capi_allocated("provisioning-pool").await;
@@ -408,17 +355,19 @@ async fn preallocations_are_reserved_for_their_claims_of_either_kind() {
         ("node-0-pool".to_string(), "192.168.0.10".to_string()),
         ("capi-host".to_string(), "192.168.0.11".to_string()),
     ]);
-    env.pool("pool", spec).await;
+    metal3_pool(&env, "pool", spec).await;
     for i in 0..3 {
-        env.create_ipclaim(env.ipclaim(&format!("dynamic-{i}"), "pool"))
-            .await;
+        create(
+            &env.api(),
+            &ipclaim_object(&env, &format!("dynamic-{i}"), "pool"),
+        )
+        .await;
     }
     env.allocated("dynamic-0").await;
     env.allocated("dynamic-1").await;
     env.error_of("dynamic-2", "Exhausted IP Pools").await;
-    env.create_ipclaim(env.ipclaim("node-0-pool", "pool")).await;
-    env.create_capi_claim(env.capi_claim("capi-host", "pool"))
-        .await;
+    create(&env.api(), &ipclaim_object(&env, "node-0-pool", "pool")).await;
+    create_claim(&env, claim_object(&env, "capi-host", "IPPool", "pool")).await;
     assert_eq!(
         env.allocated("node-0-pool").await.spec.address,
         "192.168.0.10"
@@ -431,18 +380,8 @@ async fn preallocations_are_reserved_for_their_claims_of_either_kind() {
 
 /// Every address held in the test namespace, by objects of either kind.
 async fn holders(env: &Env) -> Option<Vec<String>> {
-    let metal3 = env
-        .api::<Metal3IPAddress>()
-        .list(&Default::default())
-        .await
-        .ok()?
-        .items;
-    let capi = env
-        .api::<IPAddress>()
-        .list(&Default::default())
-        .await
-        .ok()?
-        .items;
+    let metal3: Vec<Metal3IPAddress> = listed(env, |_| true).await?;
+    let capi: Vec<IPAddress> = listed(env, |_| true).await?;
     Some(
         metal3
             .into_iter()
@@ -455,7 +394,8 @@ async fn holders(env: &Env) -> Option<Vec<String>> {
 #[tokio::test]
 async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
     let env = Env::new("m3-race").await;
-    env.pool(
+    metal3_pool(
+        &env,
         "tiny",
         pool_spec(vec![range("192.168.0.10", "192.168.0.29")]),
     )
@@ -466,11 +406,13 @@ async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
         let env = &env;
         async move {
             if i % 2 == 0 {
-                env.create_ipclaim(env.ipclaim(&format!("m3-{i}"), "tiny"))
-                    .await;
+                create(&env.api(), &ipclaim_object(env, &format!("m3-{i}"), "tiny")).await;
             } else {
-                env.create_capi_claim(env.capi_claim(&format!("capi-{i}"), "tiny"))
-                    .await;
+                create_claim(
+                    env,
+                    claim_object(env, &format!("capi-{i}"), "IPPool", "tiny"),
+                )
+                .await;
             }
         }
     });
@@ -589,9 +531,9 @@ async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
         kind: "InClusterIPPool".into(),
         name: "new-pool".into(),
     });
-    env.pool("bmv4", proxy).await;
-    env.create_ipclaim(env.ipclaim("node-0-bmv4", "bmv4")).await;
-    env.create_ipclaim(env.ipclaim("node-1-bmv4", "bmv4")).await;
+    metal3_pool(&env, "bmv4", proxy).await;
+    create(&env.api(), &ipclaim_object(&env, "node-0-bmv4", "bmv4")).await;
+    create(&env.api(), &ipclaim_object(&env, "node-1-bmv4", "bmv4")).await;
 
     let pinned = env.allocated("node-0-bmv4").await;
     assert_eq!(pinned.name_any(), "test1-bmv4-10-50-0-77");
@@ -662,10 +604,10 @@ async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
 async fn the_migration_proxy_group_alone_serves_proxied_pools_only() {
     let env = Env::new("m3-proxy-only").await;
     let _bitpool = Bitpool::start(env.name(), &["--controllers=capi-ipam,migration-proxy"]);
-    support::ipam::capi_pool(
+    support::build::capi_pool(
         &env,
         "new-pool",
-        support::ipam::capi_spec(&["10.51.0.0/24"], 24),
+        support::build::capi_spec(&["10.51.0.0/24"], 24),
     )
     .await;
     let mut proxied = pool_spec(vec![]);
@@ -675,15 +617,15 @@ async fn the_migration_proxy_group_alone_serves_proxied_pools_only() {
         kind: "InClusterIPPool".into(),
         name: "new-pool".into(),
     });
-    env.pool("proxied", proxied).await;
-    env.pool(
+    metal3_pool(&env, "proxied", proxied).await;
+    metal3_pool(
+        &env,
         "ranges",
         pool_spec(vec![range("192.168.0.10", "192.168.0.20")]),
     )
     .await;
-    env.create_ipclaim(env.ipclaim("on-ranges", "ranges")).await;
-    env.create_ipclaim(env.ipclaim("on-proxied", "proxied"))
-        .await;
+    create(&env.api(), &ipclaim_object(&env, "on-ranges", "ranges")).await;
+    create(&env.api(), &ipclaim_object(&env, "on-proxied", "proxied")).await;
 
     assert!(
         env.allocated("on-proxied")
@@ -733,14 +675,15 @@ async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
         .expect("cluster");
     let mut spec = pool_spec(vec![range("192.168.0.10", "192.168.0.20")]);
     spec.cluster_name = Some("test1".into());
-    env.pool("clustered", spec).await;
-    env.pool(
+    metal3_pool(&env, "clustered", spec).await;
+    metal3_pool(
+        &env,
         "control",
         pool_spec(vec![range("192.168.5.10", "192.168.5.20")]),
     )
     .await;
-    env.create_ipclaim(env.ipclaim("held", "clustered")).await;
-    env.create_ipclaim(env.ipclaim("control", "control")).await;
+    create(&env.api(), &ipclaim_object(&env, "held", "clustered")).await;
+    create(&env.api(), &ipclaim_object(&env, "control", "control")).await;
     env.allocated("control").await;
     let held = env.api::<IPClaim>().get("held").await.expect("claim");
     assert!(
@@ -787,12 +730,14 @@ async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
 async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
     let env = Env::new("m3-orphans").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool(
+    metal3_pool(
+        &env,
         "invalid",
         pool_spec(vec![range("192.168.9.20", "192.168.9.10")]),
     )
     .await;
-    env.pool(
+    metal3_pool(
+        &env,
         "served",
         pool_spec(vec![range("192.168.8.10", "192.168.8.20")]),
     )
@@ -804,16 +749,19 @@ async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
         kind: "InClusterIPPool".into(),
         name: "absent".into(),
     });
-    env.pool("proxy", proxy).await;
-    env.create_ipclaim(env.ipclaim("proxied", "proxy")).await;
+    metal3_pool(&env, "proxy", proxy).await;
+    create(&env.api(), &ipclaim_object(&env, "proxied", "proxy")).await;
     let mut ipclaims = Vec::new();
     let mut capi_claims = Vec::new();
     for pool in ["invalid", "served"] {
         for i in 0..3 {
             let name = format!("{pool}-{i}");
-            env.create_ipclaim(env.ipclaim(&name, pool)).await;
-            env.create_capi_claim(env.capi_claim(&format!("capi-{name}"), pool))
-                .await;
+            create(&env.api(), &ipclaim_object(&env, &name, pool)).await;
+            create_claim(
+                &env,
+                claim_object(&env, &format!("capi-{name}"), "IPPool", pool),
+            )
+            .await;
             ipclaims.push(name.clone());
             capi_claims.push(format!("capi-{name}"));
         }
@@ -895,12 +843,13 @@ async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
 async fn a_claims_second_address_object_goes_and_its_address_is_freed() {
     let env = Env::new("m3-second").await;
     let _bitpool = Bitpool::start(env.name(), &[]);
-    env.pool(
+    metal3_pool(
+        &env,
         "pool",
         pool_spec(vec![range("192.168.7.10", "192.168.7.12")]),
     )
     .await;
-    env.create_ipclaim(env.ipclaim("a", "pool")).await;
+    create(&env.api(), &ipclaim_object(&env, "a", "pool")).await;
     let first = env.allocated("a").await;
     assert_eq!(first.spec.address, "192.168.7.10");
     let mut second = first.clone();
@@ -926,7 +875,7 @@ async fn a_claims_second_address_object_goes_and_its_address_is_freed() {
         found.is_none().then_some(())
     })
     .await;
-    env.create_ipclaim(env.ipclaim("b", "pool")).await;
+    create(&env.api(), &ipclaim_object(&env, "b", "pool")).await;
     assert_eq!(env.allocated("b").await.spec.address, "192.168.7.11");
     assert_eq!(env.allocated("a").await.name_any(), first.name_any());
 }

@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use bitpool::api::capi::IPAddressClaim;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
 use support::ops::{Endpoints, bind_cluster_role, sample, service_account};
+use support::wait::*;
 use support::{Bitpool, Env, eventually};
 
 fn start(env: &Env, endpoints: &Endpoints, secure: bool, extra: &[&str]) -> Bitpool {
@@ -30,30 +31,6 @@ async fn wait_ready_within(endpoints: &Endpoints, what: &str, limit: Duration) {
     eventually(what, limit, || async {
         let (status, _) = endpoints.readyz().await;
         (status == 200).then_some(())
-    })
-    .await;
-}
-
-/// The reasons of the Events about `name` in the test namespace.
-async fn event_reasons(env: &Env, name: &str) -> Vec<String> {
-    let events: Api<Event> = env.api();
-    let Ok(list) = events.list(&ListParams::default()).await else {
-        return Vec::new();
-    };
-    list.items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .filter_map(|e| e.reason)
-        .collect()
-}
-
-async fn wait_event(env: &Env, name: &str, reason: &str) {
-    eventually(&format!("Event {reason} about {name}"), WAIT, || async {
-        event_reasons(env, name)
-            .await
-            .iter()
-            .any(|r| r == reason)
-            .then_some(())
     })
     .await;
 }
@@ -114,23 +91,23 @@ async fn probes_metrics_and_events_tell_what_happened() {
         "{metrics}"
     );
 
-    wait_event(&env, "a", "AddressAllocated").await;
-    wait_event(&env, "b", "AddressAllocated").await;
-    wait_event(&env, "c", "PoolExhausted").await;
-    wait_event(&env, "two", "PoolExhausted").await;
-    wait_event(&env, "broken", "InvalidSpec").await;
+    wait_event_about(&env, "a", "AddressAllocated").await;
+    wait_event_about(&env, "b", "AddressAllocated").await;
+    wait_event_about(&env, "c", "PoolExhausted").await;
+    wait_event_about(&env, "two", "PoolExhausted").await;
+    wait_event_about(&env, "broken", "InvalidSpec").await;
 
     let claims: Api<IPAddressClaim> = env.api();
     claims
         .delete("a", &DeleteParams::default())
         .await
         .expect("delete claim a");
-    wait_event(&env, "a", "AddressReleased").await;
+    wait_event_about(&env, "a", "AddressReleased").await;
     wait_claim(&env, "c", "served after a's release", |c| {
         c.status == "True"
     })
     .await;
-    wait_event(&env, "c", "AddressAllocated").await;
+    wait_event_about(&env, "c", "AddressAllocated").await;
     let metrics = endpoints.metrics().await;
     assert_eq!(sample(&metrics, allocations), Some(3.0), "{metrics}");
     let releases = r#"bitpool_releases_total{kind="InClusterIPPool"}"#;

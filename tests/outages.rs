@@ -11,7 +11,9 @@ use bitpool::api::capi::{IPAddress, IPAddressClaim};
 use bitpool::api::metal3_ipam::IPClaim;
 use futures::{StreamExt, stream};
 use kube::api::{Api, ListParams, PostParams};
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
+use support::wait::*;
 use support::{Bitpool, Env, eventually};
 
 /// The PID of one of the control plane's processes. Outages are made by freezing and restarting
@@ -114,7 +116,7 @@ async fn etcd_and_api_server_outages_mid_burst_lose_nothing() {
     let second = Bitpool::start(env.name(), &[]);
     let claims = (0..500).map(|i| {
         let name = format!("c-{i:04}");
-        claim_object(&env, &name, CAPI_GROUP, "InClusterIPPool", "pool")
+        claim_object(&env, &name, "InClusterIPPool", "pool")
     });
     let api: Api<IPAddressClaim> = env.api();
     futures::join!(
@@ -140,11 +142,10 @@ async fn outages_mid_burst_on_a_metal3_and_a_prefix_pool_lose_nothing() {
     let first = Bitpool::start(env.name(), &[]);
     let second = Bitpool::start(env.name(), &[]);
     let ipclaims = (0..150).map(|i| ipclaim_object(&env, &format!("m-{i:04}"), "m3"));
-    let metal3_claims =
-        (0..150).map(|i| claim_object(&env, &format!("c-{i:04}"), METAL3_GROUP, "IPPool", "m3"));
+    let metal3_claims = (0..150).map(|i| claim_object(&env, &format!("c-{i:04}"), "IPPool", "m3"));
     let prefix_claims = (0..200).map(|i| {
         let name = format!("p-{i:04}");
-        claim_object(&env, &name, CAPI_GROUP, "InClusterPrefixPool", "pp")
+        claim_object(&env, &name, "InClusterPrefixPool", "pp")
     });
     let (ipclaim_api, claims): (Api<IPClaim>, Api<IPAddressClaim>) = (env.api(), env.api());
     futures::join!(

@@ -5,10 +5,8 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::collections::BTreeMap;
 
-use bitpool::alloc::{Family, Numbering};
 use bitpool::api::capi::{IPAddress, IPAddressClaim};
 use bitpool::api::capi_pools::{
     GlobalInClusterPrefixPool, InClusterIPPoolStatus, InClusterPrefixPool,
@@ -18,15 +16,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
+use support::process::kill_when_created;
+use support::wait::*;
 use support::{Bitpool, Env, eventually};
 
 const KIND: &str = "InClusterPrefixPool";
 const GLOBAL_KIND: &str = "GlobalInClusterPrefixPool";
-
-fn prefix_claim(env: &Env, name: &str, kind: &str, pool: &str) -> IPAddressClaim {
-    claim_object(env, name, CAPI_GROUP, kind, pool)
-}
 
 /// A claim asking for `requested` through the `ipAddress` annotation.
 fn requesting(mut claim: IPAddressClaim, requested: &str) -> IPAddressClaim {
@@ -85,7 +82,7 @@ async fn an_ipv6_claim_gets_a_sub_prefix_waits_when_the_pool_is_exhausted_or_pau
 
     let claims: Api<IPAddressClaim> = env.api();
     for name in ["a", "b", "c"] {
-        create(&claims, &prefix_claim(&env, name, KIND, "v6")).await;
+        create(&claims, &claim_object(&env, name, KIND, "v6")).await;
         served(&env, name).await;
     }
     // What upstream writes: the network address, the allocation length, the gateway as given.
@@ -104,10 +101,10 @@ async fn an_ipv6_claim_gets_a_sub_prefix_waits_when_the_pool_is_exhausted_or_pau
     assert_eq!(sub_prefix_of(&env, "c").await, "fd00:10:0:3::/64");
     wait_counts(&env, "v6", (3, 3, 0, 0)).await;
 
-    create(&claims, &prefix_claim(&env, "d", KIND, "v6")).await;
+    create(&claims, &claim_object(&env, "d", KIND, "v6")).await;
     refused(&env, "d", "PoolExhausted").await;
     // A request is refused in the pool's terms: the sub-prefix, not its internal number.
-    let excluded = requesting(prefix_claim(&env, "e", KIND, "v6"), "fd00:10:0:1::/64");
+    let excluded = requesting(claim_object(&env, "e", KIND, "v6"), "fd00:10:0:1::/64");
     create(&claims, &excluded).await;
     let condition = refused(&env, "e", "AllocationFailed").await;
     assert!(
@@ -144,7 +141,7 @@ async fn an_ipv6_claim_gets_a_sub_prefix_waits_when_the_pool_is_exhausted_or_pau
         .delete("c", &DeleteParams::default())
         .await
         .expect("delete c");
-    create(&claims, &prefix_claim(&env, "control", KIND, "spare")).await;
+    create(&claims, &claim_object(&env, "control", KIND, "spare")).await;
     served(&env, "control").await;
     let held = claims
         .get("c")
@@ -179,15 +176,15 @@ async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_un
     let pool = global_prefix_pool(&env, "v4", spec).await;
 
     let claims: Api<IPAddressClaim> = env.api();
-    create(&claims, &prefix_claim(&env, "pinned", GLOBAL_KIND, &pool)).await;
+    create(&claims, &claim_object(&env, "pinned", GLOBAL_KIND, &pool)).await;
     let asked = requesting(
-        prefix_claim(&env, "asked", GLOBAL_KIND, &pool),
+        claim_object(&env, "asked", GLOBAL_KIND, &pool),
         "10.20.0.128",
     );
     create(&claims, &asked).await;
-    create(&claims, &prefix_claim(&env, "plain", GLOBAL_KIND, &pool)).await;
+    create(&claims, &claim_object(&env, "plain", GLOBAL_KIND, &pool)).await;
     let unaligned = requesting(
-        prefix_claim(&env, "unaligned", GLOBAL_KIND, &pool),
+        claim_object(&env, "unaligned", GLOBAL_KIND, &pool),
         "10.20.0.129",
     );
     create(&claims, &unaligned).await;
@@ -228,7 +225,7 @@ async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_un
         "{}",
         ready.message
     );
-    create(&claims, &prefix_claim(&env, "late", GLOBAL_KIND, &pool)).await;
+    create(&claims, &claim_object(&env, "late", GLOBAL_KIND, &pool)).await;
     let late = refused(&env, "late", "PoolNotReady").await;
     assert!(
         late.message.contains("not network aligned"),
@@ -268,53 +265,31 @@ async fn a_global_ipv4_pool_serves_requests_and_preallocations_and_keeps_them_un
     .await;
 }
 
-/// Every claim of `pools` Ready with its own IPAddress, no sub-prefix twice within a pool, and
-/// each ledger listing exactly the live sub-prefixes with nothing pending.
-async fn assert_consistent_prefixes(env: &Env, pools: &[(&str, Numbering)], count: usize) {
-    wait_all_ready(env, count, AFTER_FENCE).await;
-    let addresses = env
+/// Each of `pools` (name, sub-prefix length) settled with half of `count` claims (support's
+/// check), every sub-prefix of the pool's length.
+async fn assert_pools_consistent(env: &Env, pools: &[(&str, i32)], count: usize) {
+    for (pool, _) in pools {
+        assert_prefixes_consistent(env, pool, count / pools.len(), AFTER_FENCE).await;
+    }
+    for address in env
         .api::<IPAddress>()
         .list(&Default::default())
         .await
         .expect("list")
-        .items;
-    assert_eq!(addresses.len(), count, "one IPAddress per claim");
-    for (pool, numbering) in pools {
-        let live: Vec<String> = addresses
+        .items
+    {
+        let length = pools
             .iter()
-            .filter(|a| a.spec.pool_ref.name == *pool)
-            .map(|a| {
-                assert_eq!(
-                    a.spec.prefix,
-                    i32::from(numbering.length),
-                    "{}",
-                    a.name_any()
-                );
-                a.spec.address.clone()
-            })
-            .collect();
-        let distinct: BTreeSet<String> = live.iter().cloned().collect();
-        assert_eq!(
-            distinct.len(),
-            live.len(),
-            "a sub-prefix held twice in {pool}"
-        );
-        eventually(&format!("{pool}'s ledger settles"), WAIT, || async {
-            let ledger = env.ledger(KIND, pool).await?;
-            let listed: BTreeSet<String> = ledger
-                .addresses()
-                .map(|number: IpAddr| numbering.network(number).to_string())
-                .collect();
-            (ledger.pending.is_empty() && listed == distinct).then_some(())
-        })
-        .await;
+            .find(|(pool, _)| *pool == address.spec.pool_ref.name)
+            .map(|(_, length)| *length);
+        assert_eq!(Some(address.spec.prefix), length, "{}", address.name_any());
     }
 }
 
 /// Claims `claim-NNN` for `range`, alternating between the pools `left` and `right`.
 fn alternating(env: &Env, range: std::ops::Range<usize>) -> impl Iterator<Item = IPAddressClaim> {
     range.map(|i| {
-        prefix_claim(
+        claim_object(
             env,
             &format!("claim-{i:03}"),
             KIND,
@@ -328,27 +303,12 @@ async fn two_processes_racing_and_a_kill_never_hand_out_a_sub_prefix_twice() {
     let env = Env::new("prefix-race").await;
     prefix_pool(&env, "left", prefix_spec(&["fd00:20::/56"], 64)).await;
     prefix_pool(&env, "right", prefix_spec(&["10.30.0.0/16"], 24)).await;
-    let pools = [
-        (
-            "left",
-            Numbering {
-                family: Family::V6,
-                length: 64,
-            },
-        ),
-        (
-            "right",
-            Numbering {
-                family: Family::V4,
-                length: 24,
-            },
-        ),
-    ];
+    let pools = [("left", 64), ("right", 24)];
     // Two processes race over a burst, both creating the pools' first ledgers.
     let mut victim = Bitpool::start(env.name(), &[]);
     let survivor = Bitpool::start(env.name(), &[]);
     create_claims(&env, alternating(&env, 0..200)).await;
-    assert_consistent_prefixes(&env, &pools, 200).await;
+    assert_pools_consistent(&env, &pools, 200).await;
     let log = std::fs::read_to_string(&survivor.log).unwrap_or_default();
     assert!(
         !log.contains("rebuilding the pool's ledger"),
@@ -364,5 +324,5 @@ async fn two_processes_racing_and_a_kill_never_hand_out_a_sub_prefix_twice() {
         create_claims(&env, alternating(&env, 200..300)),
         kill_mid_burst
     );
-    assert_consistent_prefixes(&env, &pools, 300).await;
+    assert_pools_consistent(&env, &pools, 300).await;
 }

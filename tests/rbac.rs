@@ -15,9 +15,10 @@ use bitpool::api::metal3_ipam::{IPClaim, IPPool};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
-use support::ipam::*;
+use support::build::*;
 use support::ops::{Endpoints, bind_cluster_role, service_account, token};
 use support::plane::Dedicated;
+use support::wait::*;
 use support::{Env, eventually, root};
 
 const NAMESPACE: &str = "bitpool-system";

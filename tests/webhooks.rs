@@ -18,7 +18,9 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 use serde_json::json;
-use support::ipam::*;
+use support::build::*;
+use support::check::*;
+use support::wait::*;
 use support::webhook::{self, Registered, Served};
 use support::{Env, eventually, kubeconfig_path};
 
@@ -236,7 +238,7 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
     );
 
     capi_pool(env, "good", capi_spec(&["10.3.0.0/24"], 24)).await;
-    let mut claim = claim_object(env, "wants-far", CAPI_GROUP, "InClusterIPPool", "good");
+    let mut claim = claim_object(env, "wants-far", "InClusterIPPool", "good");
     claim
         .annotations_mut()
         .insert("ipAddress".into(), "10.9.9.9".into());
@@ -396,11 +398,7 @@ async fn prefix_pools_are_validated_and_kept_while_in_use() {
 
     prefix_pool(env, "p", prefix_spec(&["fd00:30::/62"], 64)).await;
     let claims: Api<IPAddressClaim> = env.api();
-    create(
-        &claims,
-        &claim_object(env, "a", CAPI_GROUP, "InClusterPrefixPool", "p"),
-    )
-    .await;
+    create(&claims, &claim_object(env, "a", "InClusterPrefixPool", "p")).await;
     wait_claim(env, "a", "Ready", |c| c.status == "True").await;
     for (requested, problem) in [
         ("fd00:30::1", "not a /64 sub-prefix"),
@@ -409,7 +407,7 @@ async fn prefix_pools_are_validated_and_kept_while_in_use() {
             "fd00:31::/64 is not a sub-prefix of the pool",
         ),
     ] {
-        let mut asking = claim_object(env, "asking", CAPI_GROUP, "InClusterPrefixPool", "p");
+        let mut asking = claim_object(env, "asking", "InClusterPrefixPool", "p");
         asking.metadata.annotations =
             Some([("ipAddress".to_string(), requested.to_string())].into());
         assert_denied(claims.create(&pp, &asking).await, &[problem]);
@@ -724,7 +722,7 @@ async fn a_missing_certificate_is_named_at_start() {
     let dir = support::root().join("target/test-certs/none");
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
         .args(["run", "--webhook-host=127.0.0.1"])
-        .arg(format!("--webhook-port={}", webhook::free_port()))
+        .arg(format!("--webhook-port={}", support::process::free_port()))
         .arg(format!("--webhook-cert-dir={}", dir.display()))
         .env("KUBECONFIG", kubeconfig_path())
         .output();

@@ -1,6 +1,6 @@
 //! The operational endpoints of a `bitpool run`, read as a prober or a scraper would: with curl.
 
-use super::webhook::free_port;
+use super::process::free_port;
 
 /// Free ports for one process' health and diagnostics servers, and the flags that use them.
 pub struct Endpoints {

@@ -18,7 +18,7 @@ pub struct Dedicated {
 /// Two consecutive free ports (etcd's client and peer ports).
 fn free_pair() -> u16 {
     loop {
-        let port = super::webhook::free_port();
+        let port = super::process::free_port();
         if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
             return port;
         }
@@ -34,7 +34,7 @@ impl Dedicated {
         let output = Command::new(root().join("hack/control-plane.sh"))
             .arg("up")
             .env("BITPOOL_CP_DIR", &dir)
-            .env("BITPOOL_CP_PORT", super::webhook::free_port().to_string())
+            .env("BITPOOL_CP_PORT", super::process::free_port().to_string())
             .env("BITPOOL_ETCD_PORT", free_pair().to_string())
             .stderr(std::process::Stdio::inherit())
             .output()

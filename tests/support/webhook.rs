@@ -14,6 +14,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookC
 use kube::Client;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 
+use super::process::free_port;
 use super::{Bitpool, Env, root, run_to_completion};
 
 /// The tests of one binary change cluster-wide objects (CRD conversion, webhook
@@ -68,14 +69,6 @@ impl Certs {
         }
         fresh.ca_pem
     }
-}
-
-/// A port nobody listens on right now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// bitpool serving the test's namespace and its webhooks on 127.0.0.1.
@@ -185,7 +178,7 @@ impl Registered {
         let api: Api<bitpool::api::capi_pools::InClusterIPPool> = env.api();
         let probe = bitpool::api::capi_pools::InClusterIPPool {
             metadata: env.meta("webhook-probe"),
-            spec: super::ipam::capi_spec(&["not-an-ip"], 24),
+            spec: super::build::capi_spec(&["not-an-ip"], 24),
             status: None,
         };
         let params = kube::api::PostParams {
