@@ -1,85 +1,20 @@
-//! The `bitpool` command line. Every flag can also be set by the environment variable named in
-//! its help text.
+//! `bitpool run`: the controllers, webhooks and operational endpoints, until a signal stops them.
 
 use std::io::IsTerminal;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 
-use crate::api::capi_pools::InClusterIPPool;
-use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
-use std::sync::Arc;
-
+use super::{ControllerGroup, Error, groups};
 use crate::net::http;
 use crate::ops::diagnostics::Access;
 use crate::ops::events::Events;
 use crate::ops::metrics::Metrics;
 use crate::ops::{self, Ops, lease};
-use crate::{crds, ipam, manager, migrate, runtime};
-
-#[derive(Debug, Parser)]
-#[command(name = "bitpool", version, about = "IP address management for bare-metal Kubernetes", long_about = None)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the controllers against $KUBECONFIG, or the in-cluster configuration.
-    Run(Box<RunArgs>),
-    /// Print the CRDs of the kinds bitpool serves, write them to a directory, or apply them.
-    Crds(CrdsArgs),
-    /// Print the RBAC roles bitpool needs for the given controller groups.
-    Rbac(RbacArgs),
-    /// Write InClusterIPPools that replace Metal3 IPPools, pinning every allocated address to its
-    /// claim name so that no address changes. Prints the manifests unless --apply is given.
-    Migrate(MigrateArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct RbacArgs {
-    /// The controller groups the roles are for (as `run --controllers`).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "capi-ipam,metal3-ipam,migration-proxy,metal3-data"
-    )]
-    pub controllers: Vec<ControllerGroup>,
-    /// Print instead what these groups need beyond `--controllers`' roles: a ClusterRole
-    /// `<groups>-role` and its binding, for an installation that enables them later.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    pub adding: Vec<ControllerGroup>,
-    /// Write the roles to this file instead of printing them.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-}
-
-#[derive(Debug, Args)]
-pub struct MigrateArgs {
-    /// Read IPPools and Metal3 IPAddresses from these YAML files instead of the cluster.
-    #[arg(
-        long = "from-file",
-        env = "BITPOOL_MIGRATE_FROM_FILES",
-        value_delimiter = ','
-    )]
-    pub from_files: Vec<PathBuf>,
-    /// Only IPPools of this namespace (default: every namespace).
-    #[arg(long, env = "BITPOOL_MIGRATE_NAMESPACE")]
-    pub namespace: Option<String>,
-    /// Only these IPPools (by name; default: all).
-    #[arg(long = "pool", env = "BITPOOL_MIGRATE_POOLS", value_delimiter = ',')]
-    pub pools: Vec<String>,
-    /// Prove that every allocated address would stay with its claim; exit 1 if any would not.
-    #[arg(long, env = "BITPOOL_MIGRATE_CHECK")]
-    pub check: bool,
-    /// Create the InClusterIPPools in the cluster (server-side apply) instead of printing them.
-    #[arg(long, env = "BITPOOL_MIGRATE_APPLY", conflicts_with = "check")]
-    pub apply: bool,
-}
+use crate::{crds, ipam, manager, runtime};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -307,316 +242,9 @@ impl WebhookArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ControllerGroup {
-    CapiIpam,
-    Metal3Ipam,
-    MigrationProxy,
-    Metal3Data,
-}
-
-fn groups(selected: &[ControllerGroup]) -> runtime::Groups {
-    runtime::Groups {
-        capi_ipam: selected.contains(&ControllerGroup::CapiIpam),
-        metal3_ipam: selected.contains(&ControllerGroup::Metal3Ipam),
-        migration_proxy: selected.contains(&ControllerGroup::MigrationProxy),
-        metal3_data: selected.contains(&ControllerGroup::Metal3Data),
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
-}
-
-#[derive(Debug, Args)]
-pub struct CrdsArgs {
-    /// Write one file per CRD (plus a kustomization) under this directory instead of printing.
-    #[arg(long, env = "BITPOOL_CRDS_OUT")]
-    pub out: Option<PathBuf>,
-    /// Also include IPAddressClaim and IPAddress, for clusters without Cluster API core.
-    #[arg(long, env = "BITPOOL_CRDS_STANDALONE")]
-    pub standalone: bool,
-    /// Install the CRDs into the cluster ($KUBECONFIG or in-cluster) by server-side apply and
-    /// wait until they are established.
-    #[arg(long, env = "BITPOOL_CRDS_APPLY", conflicts_with = "out")]
-    pub apply: bool,
-    /// Send ConversionReviews to this URL (a bitpool outside the cluster) instead of the
-    /// `bitpool-webhook-service` Service in `bitpool-system`.
-    #[arg(long, env = "BITPOOL_CRDS_CONVERSION_URL", conflicts_with = "out")]
-    pub conversion_url: Option<String>,
-    /// PEM file of the CA that signed the webhook's certificate (the CRDs' `caBundle`; inside a
-    /// cluster cert-manager injects it).
-    #[arg(long, env = "BITPOOL_CRDS_CONVERSION_CA_FILE", conflicts_with = "out")]
-    pub conversion_ca_file: Option<PathBuf>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Crds(#[from] crds::Error),
-    #[error(transparent)]
-    Client(#[from] crate::client::Error),
-    #[error("cannot connect to the cluster: {0}")]
-    Connect(#[source] kube::Error),
-    #[error("cannot write to standard output: {0}")]
-    Stdout(#[source] std::io::Error),
-    #[error("cannot read {path}: {reason}")]
-    Input { path: String, reason: String },
-    #[error("cannot write {path}: {reason}")]
-    Output { path: String, reason: String },
-    #[error("cannot list {what}: {source}")]
-    List {
-        what: &'static str,
-        source: kube::Error,
-    },
-    #[error("{0}")]
-    Migrate(#[from] migrate::MigrateError),
-    #[error("cannot render the manifests: {0}")]
-    Render(#[source] serde_saphyr::SerializeError),
-    #[error("cannot apply InClusterIPPool {name}: {source}")]
-    Apply { name: String, source: kube::Error },
-    #[error(transparent)]
-    Webhook(#[from] crate::webhook::ServeError),
-    #[error(transparent)]
-    Contract(#[from] crds::ContractError),
-    #[error(transparent)]
-    Bind(#[from] http::BindError),
-    #[error(transparent)]
-    Election(#[from] lease::ElectionError),
-    #[error("{0}")]
-    Flag(String),
-    #[error("{0} allocation(s) would change; nothing was written")]
-    WouldChange(usize),
-}
-
-pub async fn execute(cli: Cli) -> Result<(), Error> {
-    match cli.command {
-        Command::Run(args) => run(*args).await,
-        Command::Rbac(args) => rbac_command(args),
-        Command::Crds(args) => crds_command(args).await,
-        Command::Migrate(args) => migrate_command(args).await,
-    }
-}
-
-/// IPPools and Metal3 IPAddresses from YAML files (any other documents are skipped).
-fn read_metal3_objects(paths: &[PathBuf]) -> Result<(Vec<IPPool>, Vec<Metal3IPAddress>), Error> {
-    let mut pools = Vec::new();
-    let mut addresses = Vec::new();
-    for path in paths {
-        let input = |reason: String| Error::Input {
-            path: path.display().to_string(),
-            reason,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| input(e.to_string()))?;
-        let documents: Vec<serde_json::Value> =
-            serde_saphyr::from_multiple(&text).map_err(|e| input(e.to_string()))?;
-        for document in documents {
-            let api_version = document["apiVersion"].as_str().unwrap_or_default();
-            if api_version != "ipam.metal3.io/v1alpha1" {
-                continue;
-            }
-            match document["kind"].as_str() {
-                Some("IPPool") => {
-                    pools.push(serde_json::from_value(document).map_err(|e| input(e.to_string()))?)
-                }
-                Some("IPAddress") => addresses
-                    .push(serde_json::from_value(document).map_err(|e| input(e.to_string()))?),
-                _ => {}
-            }
-        }
-    }
-    Ok((pools, addresses))
-}
-
-async fn migrate_command(args: MigrateArgs) -> Result<(), Error> {
-    let client = if args.from_files.is_empty() || args.apply {
-        Some(kube::Client::try_default().await.map_err(Error::Connect)?)
-    } else {
-        None
-    };
-    let (pools, addresses) = match (&client, args.from_files.is_empty()) {
-        (Some(client), true) => list_metal3_objects(client, args.namespace.as_deref()).await?,
-        _ => read_metal3_objects(&args.from_files)?,
-    };
-    let selected = pools.iter().filter(|p| {
-        args.namespace
-            .as_ref()
-            .is_none_or(|ns| p.metadata.namespace.as_ref() == Some(ns))
-            && (args.pools.is_empty()
-                || args
-                    .pools
-                    .iter()
-                    .any(|n| p.metadata.name.as_ref() == Some(n)))
-    });
-    let mut migrations = Vec::new();
-    for pool in selected {
-        migrations.push(migrate::plan(pool, &addresses)?);
-    }
-    let changed = report_changes(&migrations, args.check);
-    if changed > 0 {
-        return Err(Error::WouldChange(changed));
-    }
-    if args.check {
-        return Ok(());
-    }
-    if let (true, Some(client)) = (args.apply, client) {
-        return apply_migrations(&client, &migrations).await;
-    }
-    use std::io::Write;
-    let yaml = migrate::to_yaml(&migrations).map_err(Error::Render)?;
-    std::io::stdout()
-        .write_all(yaml.as_bytes())
-        .map_err(Error::Stdout)
-}
-
-/// The Metal3 IPPools and IPAddresses of `namespace` (all namespaces for `None`).
-async fn list_metal3_objects(
-    client: &kube::Client,
-    namespace: Option<&str>,
-) -> Result<(Vec<IPPool>, Vec<Metal3IPAddress>), Error> {
-    let lp = kube::api::ListParams::default();
-    let (pools, addresses): (kube::Api<IPPool>, kube::Api<Metal3IPAddress>) = match namespace {
-        Some(ns) => (
-            kube::Api::namespaced(client.clone(), ns),
-            kube::Api::namespaced(client.clone(), ns),
-        ),
-        None => (
-            kube::Api::all(client.clone()),
-            kube::Api::all(client.clone()),
-        ),
-    };
-    let pools = pools.list(&lp).await.map_err(|source| Error::List {
-        what: "IPPools",
-        source,
-    })?;
-    let addresses = addresses.list(&lp).await.map_err(|source| Error::List {
-        what: "Metal3 IPAddresses",
-        source,
-    })?;
-    Ok((pools.items, addresses.items))
-}
-
-/// Says (on stderr) which claims' addresses a migration would change, and with `--check` how
-/// each pool fares; returns how many would change.
-fn report_changes(migrations: &[migrate::Migration], check: bool) -> usize {
-    let mut changed = 0;
-    for migration in migrations {
-        let changes = migrate::check(migration);
-        if check {
-            let fate = match changes.len() {
-                0 => "every address kept".to_string(),
-                n => format!("{n} would change"),
-            };
-            let pinned = migration.pinned.len();
-            eprintln!(
-                "IPPool {}: {pinned} allocation(s), {fate}",
-                migration.source
-            );
-        }
-        for change in &changes {
-            eprintln!(
-                "  {}: {} today, {} after migration",
-                change.claim, change.today, change.after
-            );
-        }
-        changed += changes.len();
-    }
-    changed
-}
-
-/// Applies each migration's InClusterIPPool with server-side apply.
-async fn apply_migrations(
-    client: &kube::Client,
-    migrations: &[migrate::Migration],
-) -> Result<(), Error> {
-    let params = kube::api::PatchParams::apply(crds::FIELD_MANAGER);
-    for migration in migrations {
-        let pool = &migration.pool;
-        let name = pool.metadata.name.clone().unwrap_or_default();
-        let api: kube::Api<InClusterIPPool> = kube::Api::namespaced(
-            client.clone(),
-            pool.metadata.namespace.as_deref().unwrap_or("default"),
-        );
-        let mut body = serde_json::to_value(pool).map_err(|e| Error::Input {
-            path: name.clone(),
-            reason: e.to_string(),
-        })?;
-        body["apiVersion"] = "ipam.cluster.x-k8s.io/v1alpha2".into();
-        body["kind"] = "InClusterIPPool".into();
-        api.patch(&name, &params, &kube::api::Patch::Apply(body))
-            .await
-            .map_err(|source| Error::Apply {
-                name: name.clone(),
-                source,
-            })?;
-        eprintln!("applied InClusterIPPool {}", migration.source);
-    }
-    Ok(())
-}
-
-async fn crds_command(args: CrdsArgs) -> Result<(), Error> {
-    if let Some(dir) = args.out {
-        for file in crds::write_dir(&dir)? {
-            eprintln!("wrote {}", dir.join(file).display());
-        }
-        return Ok(());
-    }
-    let mut selected = crds::served();
-    if args.standalone {
-        selected.extend(crds::standalone());
-    }
-    if args.conversion_url.is_some() || args.conversion_ca_file.is_some() {
-        let mut client_config = crds::default_conversion();
-        if let Some(url) = &args.conversion_url {
-            client_config.service = None;
-            client_config.url = Some(url.clone());
-        }
-        if let Some(path) = &args.conversion_ca_file {
-            let pem = std::fs::read(path).map_err(|e| Error::Input {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            client_config.ca_bundle = Some(k8s_openapi::ByteString(pem));
-        }
-        crds::set_conversion(&mut selected, &client_config);
-    }
-    if args.apply {
-        let client = kube::Client::try_default().await.map_err(Error::Connect)?;
-        crds::apply(&client, &selected, Duration::from_secs(60)).await?;
-        for crd in &selected {
-            eprintln!(
-                "established {}",
-                crd.metadata.name.as_deref().unwrap_or_default()
-            );
-        }
-        return Ok(());
-    }
-    use std::io::Write;
-    std::io::stdout()
-        .write_all(crds::to_yaml_stream(&selected)?.as_bytes())
-        .map_err(Error::Stdout)
-}
-
-fn rbac_command(args: RbacArgs) -> Result<(), Error> {
-    let base = groups(&args.controllers);
-    let yaml = match args.adding.is_empty() {
-        true => crate::rbac::to_yaml(base),
-        false => {
-            let added = groups(&args.adding);
-            let name = format!("{}-role", added.names().join("-"));
-            crate::rbac::addon_yaml(base, added, &name)
-        }
-    }
-    .map_err(Error::Render)?;
-    match args.out {
-        Some(path) => std::fs::write(&path, yaml).map_err(|e| Error::Output {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        }),
-        None => std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes())
-            .map_err(Error::Stdout),
-    }
 }
 
 fn init_tracing(format: LogFormat, level: tracing::Level) {
@@ -637,7 +265,7 @@ fn init_tracing(format: LogFormat, level: tracing::Level) {
 const METRICS_REVIEW_QPS: NonZeroU32 = NonZeroU32::new(20).expect("20 is not zero");
 const METRICS_REVIEW_BURST: NonZeroU32 = NonZeroU32::new(40).expect("40 is not zero");
 
-async fn run(args: RunArgs) -> Result<(), Error> {
+pub(super) async fn run(args: RunArgs) -> Result<(), Error> {
     init_tracing(args.log_format, args.log_level);
     let client = crate::client::connect(crate::client::Limits {
         qps: args.kube_api_qps,
@@ -819,6 +447,8 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
 
     fn preallocation(args: &[&str]) -> bool {
         let cli = Cli::try_parse_from(["bitpool", "run"].iter().chain(args))
