@@ -27,6 +27,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::plane::Dedicated;
 use support::process::free_port;
+use support::wait::wait_listening;
 use support::webhook::Certs;
 use support::{Bitpool, eventually, read_crds, root};
 
@@ -169,7 +170,11 @@ impl Metal3Plane {
             .await
             .expect("create the namespace");
         let capm3 = Capm3::start(&plane.kubeconfig, &certs, port, name);
-        wait_listening(port).await;
+        wait_listening(
+            port,
+            "CAPM3's webhook server listens (log: target/test-logs/capm3-*.log)",
+        )
+        .await;
         Self {
             client,
             kubeconfig: plane.kubeconfig.clone(),
@@ -178,20 +183,6 @@ impl Metal3Plane {
             _plane: plane,
         }
     }
-}
-
-async fn wait_listening(port: u16) {
-    eventually(
-        "CAPM3's webhook server listens (log: target/test-logs/capm3-*.log)",
-        WAIT,
-        || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .ok()
-                .map(|_| ())
-        },
-    )
-    .await;
 }
 
 /// Cluster API core's CRDs and BMO's as their modules ship them (no conversion webhook runs for

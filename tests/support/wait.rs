@@ -129,3 +129,14 @@ pub async fn wait_event(env: &Env, reason: &str) {
 pub async fn wait_event_about(env: &Env, name: &str, reason: &str) {
     wait_event_in(env, env.name(), Some(name), reason).await;
 }
+
+/// Waits until something listens on 127.0.0.1:`port`; `what` names it in the failure.
+pub async fn wait_listening(port: u16, what: &str) {
+    eventually(what, Duration::from_secs(60), || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await;
+}

@@ -108,16 +108,7 @@ impl Served {
 
     /// Waits until the server answers TLS (it starts before the controllers).
     pub async fn wait_listening(&self) {
-        let addr = format!("127.0.0.1:{}", self.port);
-        super::eventually(
-            "the webhook server listens",
-            Duration::from_secs(60),
-            || {
-                let addr = addr.clone();
-                async move { tokio::net::TcpStream::connect(addr).await.ok().map(|_| ()) }
-            },
-        )
-        .await;
+        super::wait::wait_listening(self.port, "the webhook server listens").await;
     }
 }
 
