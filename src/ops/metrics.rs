@@ -96,75 +96,86 @@ impl Metrics {
             encoding: Mutex::new(()),
             registry: Registry::default(),
         };
-        registry.register(
-            "pool_addresses_total",
-            "Addresses a pool can hand out (its ranges less excluded, network, broadcast and gateway addresses)",
-            metrics.pool_total.clone(),
-        );
-        registry.register(
-            "pool_addresses_used",
-            "Addresses of a pool held by claims, including those outside its current ranges",
-            metrics.pool_used.clone(),
-        );
-        registry.register(
-            "pool_addresses_free",
-            "Addresses a pool can still hand out",
-            metrics.pool_free.clone(),
-        );
-        registry.register(
-            "pool_addresses_out_of_range",
-            "Addresses held by claims that the pool's current ranges no longer contain",
-            metrics.pool_out_of_range.clone(),
-        );
-        registry.register(
-            "pool_addresses_duplicated",
-            "Addresses of a pool that its address objects hold for more than one claim (never handed out again while so)",
-            metrics.pool_duplicated.clone(),
-        );
-        registry.register(
-            "pool_overlapping_pools",
-            "Other pools whose addresses meet this pool's (each pool hands out an address once; two pools may hand out the same one)",
-            metrics.pool_overlaps.clone(),
-        );
-        registry.register(
-            "allocations",
-            "Addresses handed out (address objects created), by pool kind",
-            metrics.allocations.clone(),
-        );
-        registry.register(
-            "releases",
-            "Addresses released back to their pool, by pool kind",
-            metrics.releases.clone(),
-        );
-        registry.register(
-            "ledger_conflicts",
-            "Ledger writes that lost a race with another writer and were computed again",
-            metrics.ledger_conflicts.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "How long reconciles took, by controller (the kind it reconciles)",
-            metrics.reconcile_duration.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciles, by controller and reason",
-            metrics.reconcile_errors.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this process holds the leader lease (or runs without leader election)",
-            metrics.leader.clone(),
-        );
-        registry.register(
-            "events_dropped",
-            "Kubernetes Events not sent because of the Event rate limit",
-            metrics.events_dropped.clone(),
-        );
+        metrics.register_pool_gauges(&mut registry);
+        metrics.register_engine_metrics(&mut registry);
         Self {
             registry,
             ..metrics
         }
+    }
+
+    /// What each pool's status says, as gauges labelled by pool.
+    fn register_pool_gauges(&self, registry: &mut Registry) {
+        registry.register(
+            "pool_addresses_total",
+            "Addresses a pool can hand out (its ranges less excluded, network, broadcast and gateway addresses)",
+            self.pool_total.clone(),
+        );
+        registry.register(
+            "pool_addresses_used",
+            "Addresses of a pool held by claims, including those outside its current ranges",
+            self.pool_used.clone(),
+        );
+        registry.register(
+            "pool_addresses_free",
+            "Addresses a pool can still hand out",
+            self.pool_free.clone(),
+        );
+        registry.register(
+            "pool_addresses_out_of_range",
+            "Addresses held by claims that the pool's current ranges no longer contain",
+            self.pool_out_of_range.clone(),
+        );
+        registry.register(
+            "pool_addresses_duplicated",
+            "Addresses of a pool that its address objects hold for more than one claim (never handed out again while so)",
+            self.pool_duplicated.clone(),
+        );
+        registry.register(
+            "pool_overlapping_pools",
+            "Other pools whose addresses meet this pool's (each pool hands out an address once; two pools may hand out the same one)",
+            self.pool_overlaps.clone(),
+        );
+    }
+
+    /// What the engine and the process do: allocations, releases, conflicts, reconciles, the
+    /// leader lease and dropped Events.
+    fn register_engine_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "allocations",
+            "Addresses handed out (address objects created), by pool kind",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "releases",
+            "Addresses released back to their pool, by pool kind",
+            self.releases.clone(),
+        );
+        registry.register(
+            "ledger_conflicts",
+            "Ledger writes that lost a race with another writer and were computed again",
+            self.ledger_conflicts.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long reconciles took, by controller (the kind it reconciles)",
+            self.reconcile_duration.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles, by controller and reason",
+            self.reconcile_errors.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this process holds the leader lease (or runs without leader election)",
+            self.leader.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Kubernetes Events not sent because of the Event rate limit",
+            self.events_dropped.clone(),
+        );
     }
 
     /// Records how many of a pool's addresses are held for more than one claim.
