@@ -194,6 +194,19 @@ impl FamilyCheck {
             }
         }
     }
+
+    /// The entries of the list field `field` (`field[0]`, `field[1]`, …) as ranges, each checked
+    /// against the family of those before.
+    fn ranges(&mut self, field: &str, texts: &[String]) -> Result<Vec<(u128, u128)>, SpecError> {
+        let mut ranges = Vec::with_capacity(texts.len());
+        for (i, text) in texts.iter().enumerate() {
+            let field = format!("{field}[{i}]");
+            let range = entry(field.clone(), text)?;
+            self.check(&field, text, range.family)?;
+            ranges.push((range.first, range.last));
+        }
+        Ok(ranges)
+    }
 }
 
 pub(super) fn entry(field: String, text: &str) -> Result<Range, SpecError> {
@@ -448,13 +461,7 @@ impl CapiPool {
         &self,
         families: &mut FamilyCheck,
     ) -> Result<(Family, Vec<(u128, u128)>), SpecError> {
-        let mut ranges = Vec::new();
-        for (i, text) in self.addresses.iter().enumerate() {
-            let field = format!("addresses[{i}]");
-            let range = entry(field.clone(), text)?;
-            families.check(&field, text, range.family)?;
-            ranges.push((range.first, range.last));
-        }
+        let ranges = families.ranges("addresses", &self.addresses)?;
         let family = families.family.ok_or(SpecError::NoAddresses)?;
         Ok((family, normalize(ranges)))
     }
@@ -468,13 +475,7 @@ impl CapiPool {
         family: Family,
         (network, broadcast): (u128, u128),
     ) -> Result<Removed, SpecError> {
-        let mut removed = Vec::new();
-        for (i, text) in self.excluded_addresses.iter().enumerate() {
-            let field = format!("excludedAddresses[{i}]");
-            let range = entry(field.clone(), text)?;
-            families.check(&field, text, range.family)?;
-            removed.push((range.first, range.last));
-        }
+        let mut removed = families.ranges("excludedAddresses", &self.excluded_addresses)?;
         if !self.allocate_reserved {
             removed.push((network, network));
             if family == Family::V4 {
