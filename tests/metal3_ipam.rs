@@ -433,18 +433,8 @@ async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
         "an address was handed out twice: {taken:?}"
     );
     let exhausted = eventually("10 claims exhausted", WAIT, || async {
-        let claims = env
-            .api::<IPClaim>()
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items;
-        let capi = env
-            .api::<IPAddressClaim>()
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items;
+        let claims: Vec<IPClaim> = listed(&env, |_| true).await?;
+        let capi: Vec<IPAddressClaim> = listed(&env, |_| true).await?;
         let m3 = claims
             .iter()
             .filter(|c| {

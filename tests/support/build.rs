@@ -52,12 +52,19 @@ pub async fn capi_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> InCl
     create(&env.api(), &pool).await
 }
 
-/// A global pool named `<namespace>-<name>` (global names are cluster-wide), labelled for the
-/// test's bitpool.
-pub async fn global_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> String {
+/// The name `<namespace>-<name>` of a cluster-scoped object of the test (global names are
+/// cluster-wide), and its metadata: no namespace, labelled for the test's bitpool.
+fn global_meta(env: &Env, name: &str) -> (String, kube::api::ObjectMeta) {
     let full = format!("{}-{name}", env.name());
     let mut metadata = env.meta(&full);
     metadata.namespace = None;
+    (full, metadata)
+}
+
+/// A global pool named `<namespace>-<name>` (global names are cluster-wide), labelled for the
+/// test's bitpool.
+pub async fn global_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> String {
+    let (full, metadata) = global_meta(env, name);
     let pool = GlobalInClusterIPPool {
         metadata,
         spec: GlobalInClusterIPPoolSpec { pool: spec },
@@ -90,9 +97,7 @@ pub async fn prefix_pool(
 
 /// A global prefix pool named `<namespace>-<name>`, labelled for the test's bitpool.
 pub async fn global_prefix_pool(env: &Env, name: &str, spec: InClusterPrefixPoolSpec) -> String {
-    let full = format!("{}-{name}", env.name());
-    let mut metadata = env.meta(&full);
-    metadata.namespace = None;
+    let (full, metadata) = global_meta(env, name);
     let pool = GlobalInClusterPrefixPool {
         metadata,
         spec: GlobalInClusterPrefixPoolSpec { pool: spec },

@@ -322,29 +322,30 @@ pub async fn versions(env: &Env) -> BTreeMap<String, String> {
         bitpool::runtime::WATCH_FILTER_LABEL,
         env.name()
     ));
-    for pool in Api::<GlobalInClusterIPPool>::all(env.client.clone())
-        .list(&labelled)
-        .await
-        .expect("list")
-        .items
-    {
-        out.insert(
-            format!("GlobalInClusterIPPool {}", pool.name_any()),
-            pool.resource_version().unwrap_or_default(),
-        );
-    }
-    for pool in Api::<GlobalInClusterPrefixPool>::all(env.client.clone())
-        .list(&labelled)
-        .await
-        .expect("list")
-        .items
-    {
-        out.insert(
-            format!("GlobalInClusterPrefixPool {}", pool.name_any()),
-            pool.resource_version().unwrap_or_default(),
-        );
-    }
+    collect_global::<GlobalInClusterIPPool>(env, &labelled, &mut out).await;
+    collect_global::<GlobalInClusterPrefixPool>(env, &labelled, &mut out).await;
     out
+}
+
+/// Adds the resourceVersions of the cluster-scoped `K` that `labelled` selects to `out`.
+async fn collect_global<K>(env: &Env, labelled: &ListParams, out: &mut BTreeMap<String, String>)
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    for pool in Api::<K>::all(env.client.clone())
+        .list(labelled)
+        .await
+        .expect("list")
+        .items
+    {
+        out.insert(
+            format!("{} {}", K::kind(&()), pool.name_any()),
+            pool.resource_version().unwrap_or_default(),
+        );
+    }
 }
 
 /// The objects (of [`versions`]) created or changed since `before`.
