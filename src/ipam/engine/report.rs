@@ -305,6 +305,14 @@ pub(super) fn next_check(
     if ctx.orphan_watch(key).is_some() {
         next = next.min(ORPHAN_GRACE);
     }
+    if let Some(rebuilt) = done.ledger.rebuilt_at.as_deref() {
+        // A fence that is over is ended, in the record and in the pool's status, by a
+        // reconcile: one comes when the fence ends, not only at the sync period.
+        if let Ok(rebuilt) = rebuilt.parse::<k8s_openapi::jiff::Timestamp>() {
+            let passed = objects::elapsed(rebuilt, objects::now().0);
+            next = next.min(ledger::REBUILD_FENCE.saturating_sub(passed) + Duration::from_secs(1));
+        }
+    }
     if !batch.first.release_unlanded.is_empty() || !done.ledger.pending.is_empty() {
         // A reservation left is completed by its claim's next reconcile, or, its claim gone,
         // freed once no create of it can land: whichever event comes, this one does.
