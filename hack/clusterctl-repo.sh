@@ -3,9 +3,12 @@
 # bitpool's release artifacts at two versions (hack/release.sh), and the real upstream providers it
 # is installed beside, rendered from the `config/default` folders of their Go modules (the
 # versions of hack/versions.env, verified against hack/upstream/go.sum) by the same kustomize:
-# Cluster API core, kubeadm bootstrap and control plane, CAPM3 and Metal3 IPAM.
+# Cluster API core, kubeadm bootstrap and control plane, CAPM3 and Metal3 IPAM. Beside it, for the
+# tests that run the whole Metal3 stack, the baremetal-operator's manifests (not a clusterctl
+# provider: operators apply its kustomization), rendered from its `config/default` the same way.
 #
-#   hack/clusterctl-repo.sh OUT     writes OUT/<provider>/<version>/… and OUT/clusterctl.yaml
+#   hack/clusterctl-repo.sh OUT     writes OUT/<provider>/<version>/…, OUT/clusterctl.yaml and
+#                                   OUT/baremetal-operator/<version>/components.yaml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HACK_DIR=$PWD/hack
@@ -54,5 +57,9 @@ ipam-metal3           github.com/metal3-io/ip-address-manager@$BITPOOL_METAL3_IP
     echo "- {name: $name, type: IPAMProvider, url: \"file://$out/ipam-$name/v0.2.1/ipam-components.yaml\"}"
   done
 } >"$out/clusterctl.yaml.tmp"
+bmo=$out/baremetal-operator/$BITPOOL_BMO_VERSION
+mkdir -p "$bmo"
+"$kustomize" build "$(module_dir "github.com/metal3-io/baremetal-operator@$BITPOOL_BMO_VERSION")/config/default" >"$bmo/components.yaml" ||
+  die "cannot render the baremetal-operator's config/default"
 mv "$out/clusterctl.yaml.tmp" "$out/clusterctl.yaml"
 echo "$out/clusterctl.yaml"

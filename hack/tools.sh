@@ -9,6 +9,10 @@
 #   hack/tools.sh in-cluster   the in-cluster IPAM provider's manager
 #                              (sigs.k8s.io/cluster-api-ipam-provider-in-cluster) at
 #                              $BITPOOL_IN_CLUSTER_VERSION, the peer of the load command (hack/load.sh)
+#   hack/tools.sh capi-core    Cluster API core's manager (sigs.k8s.io/cluster-api) at
+#                              $BITPOOL_CAPI_VERSION, for the tests that run the whole Metal3 stack
+#   hack/tools.sh bmo          the baremetal-operator (github.com/metal3-io/baremetal-operator) at
+#                              $BITPOOL_BMO_VERSION, run with --test-mode in those tests
 set -euo pipefail
 HACK_DIR=$(cd "${0%/*}" && pwd)
 # shellcheck source=hack/versions.env
@@ -66,6 +70,37 @@ build_capm3() {
     { tail -n 20 "$work/build.log" >&2; die "building CAPM3's manager failed (log: $work/build.log)"; }
 }
 
+# Cluster API core's manager is the root module's core package; like clusterctl, it takes its
+# api module by a local replace.
+build_capi_core() {
+  local out=$1 work=$CACHE_DIR/build/capi-core module=sigs.k8s.io/cluster-api
+  rm -rf "$work" && mkdir -p "$work" && cd "$work"
+  go mod init bitpool.test/capi-core >/dev/null 2>&1
+  go mod edit -require "$module@$BITPOOL_CAPI_VERSION" -replace "$module/api=$module/api@$BITPOOL_CAPI_VERSION"
+  echo "tools: building Cluster API core's manager $BITPOOL_CAPI_VERSION (a few minutes, once)" >&2
+  { go get "$module/core@$BITPOOL_CAPI_VERSION" &&
+    go build -trimpath -o "$out" -ldflags "-s -w" "$module/core"; } >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building Cluster API core's manager failed (log: $work/build.log)"; }
+}
+
+# The baremetal-operator is its root module's main package, which takes its apis and hardwareutils
+# modules by local replaces, and it needs ironic-standalone-operator's api module: each is pinned
+# to a version the Go module proxy serves (see hack/versions.env). Checksums as for CAPM3.
+build_bmo() {
+  local out=$1 work=$CACHE_DIR/build/bmo module=github.com/metal3-io/baremetal-operator
+  rm -rf "$work" && mkdir -p "$work" && cd "$work"
+  go mod init bitpool.test/bmo >/dev/null 2>&1
+  cat "$HACK_DIR/upstream/go.sum" "$HACK_DIR/upstream/capm3-build.sum" "$HACK_DIR/upstream/bmo-build.sum" >go.sum
+  go mod edit -require "$module@$BITPOOL_BMO_VERSION" \
+    -replace "$module/apis=$module/apis@$BITPOOL_BMO_APIS_VERSION" \
+    -replace "$module/pkg/hardwareutils=$module/pkg/hardwareutils@$BITPOOL_BMO_HARDWAREUTILS_VERSION" \
+    -replace "github.com/metal3-io/ironic-standalone-operator/api=github.com/metal3-io/ironic-standalone-operator/api@$BITPOOL_IRSO_API_VERSION"
+  echo "tools: building the baremetal-operator $BITPOOL_BMO_VERSION (a few minutes, once)" >&2
+  { go get "$module@$BITPOOL_BMO_VERSION" &&
+    go build -trimpath -o "$out" -ldflags "-s -w" "$module"; } >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building the baremetal-operator failed (log: $work/build.log)"; }
+}
+
 # The in-cluster provider's manager is its module's root package.
 build_in_cluster() {
   local out=$1 work=$CACHE_DIR/build/in-cluster module=sigs.k8s.io/cluster-api-ipam-provider-in-cluster
@@ -84,7 +119,9 @@ case "$tool" in
   kustomize) version=$BITPOOL_KUSTOMIZE_VERSION ;;
   capm3) version=$BITPOOL_CAPM3_VERSION ;;
   in-cluster) version=$BITPOOL_IN_CLUSTER_VERSION ;;
-  *) die "usage: $0 clusterctl|kustomize|capm3|in-cluster" ;;
+  capi-core) version=$BITPOOL_CAPI_VERSION ;;
+  bmo) version=$BITPOOL_BMO_VERSION ;;
+  *) die "usage: $0 clusterctl|kustomize|capm3|in-cluster|capi-core|bmo" ;;
 esac
 bin=$CACHE_DIR/tools/$tool-$version/$tool
 if [ ! -x "$bin" ]; then

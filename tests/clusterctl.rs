@@ -9,97 +9,19 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use bitpool::api::capi_pools::InClusterIPPool;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
+use support::clusterctl::{Clusterctl, install_cert_manager_stand_in};
+use support::eventually;
 use support::plane::Dedicated;
-use support::{eventually, root};
 
 const PROVIDER_LABEL: &str = "cluster.x-k8s.io/provider";
-
-/// The output of a tool the test runs, failing the test with it when the tool fails.
-fn run(command: &mut Command, what: &str) -> String {
-    let output = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "{what} failed:\n{text}");
-    text
-}
-
-struct Clusterctl {
-    bin: PathBuf,
-    config: PathBuf,
-    kubeconfig: PathBuf,
-    home: PathBuf,
-}
-
-impl Clusterctl {
-    fn new(plane: &Dedicated) -> Self {
-        let bin = support::hack_script("tools.sh", &["clusterctl"]);
-        let repo = plane.dir.join("repository");
-        let config = support::hack_script(
-            "clusterctl-repo.sh",
-            &[repo.to_str().expect("a UTF-8 path")],
-        );
-        let home = plane.dir.join("home");
-        std::fs::create_dir_all(&home).expect("a home for clusterctl");
-        Self {
-            bin,
-            config,
-            kubeconfig: plane.kubeconfig.clone(),
-            home,
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(&self.bin);
-        command
-            .args(args)
-            .arg("--config")
-            .arg(&self.config)
-            .env("KUBECONFIG", &self.kubeconfig)
-            // No version check against the internet, no user overrides.
-            .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
-            .env("HOME", &self.home)
-            .env("XDG_CONFIG_HOME", &self.home);
-        command
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        run(
-            &mut self.command(args),
-            &format!("clusterctl {}", args.join(" ")),
-        )
-    }
-
-    /// `clusterctl init`, once the namespace of the previous init's cert-manager check is gone
-    /// (while it terminates, the check fails and clusterctl would download cert-manager).
-    async fn init(&self, client: &Client, args: &[&str]) -> String {
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        eventually(
-            "the cert-manager check's namespace to go",
-            Duration::from_secs(90),
-            || async {
-                matches!(namespaces.get_opt("cert-manager-test").await, Ok(None)).then_some(())
-            },
-        )
-        .await;
-        let mut all = vec!["init"];
-        all.extend_from_slice(args);
-        self.run(&all)
-    }
-}
 
 /// Every CRD: its resourceVersion and provider label.
 async fn crds(client: &Client) -> BTreeMap<String, (String, String)> {
@@ -303,10 +225,7 @@ fn assert_untouched(
 async fn clusterctl_installs_upgrades_and_deletes_bitpool_beside_capm3() {
     let plane = Dedicated::start("clusterctl");
     let client = plane.client().await;
-    let stand_in = support::read_crds(Path::new(
-        &root().join("tests/fixtures/clusterctl/cert-manager-crds.yaml"),
-    ));
-    support::install_crds(&client, &stand_in).await;
+    install_cert_manager_stand_in(&client).await;
     let clusterctl = Clusterctl::new(&plane);
     generated_components_are_what_each_role_owns(&clusterctl);
 

@@ -7,12 +7,14 @@
 
 pub mod build;
 pub mod check;
+pub mod clusterctl;
 pub mod crds;
 pub mod cut;
 pub mod env;
 pub mod ops;
 pub mod plane;
 pub mod process;
+pub mod stack;
 pub mod wait;
 pub mod webhook;
 
