@@ -14,13 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::eventually;
-use support::stack::{Kubelet, Options, Stack};
+use support::stack::{Kubelet, Options, Stack, resource};
 
 const NS: &str = "metal3";
 const CLUSTER: &str = "fleet";
@@ -40,18 +38,6 @@ const V1BETA1: &str = "infrastructure.cluster.x-k8s.io/v1beta1";
 const V1BETA2: &str = "infrastructure.cluster.x-k8s.io/v1beta2";
 const CAPI: &str = "cluster.x-k8s.io/v1beta2";
 const BMH: &str = "metal3.io/v1alpha1";
-
-fn resource(api_version: &str, kind: &str) -> ApiResource {
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let lower = kind.to_lowercase();
-    let plural = if lower.ends_with('s') {
-        format!("{lower}es")
-    } else {
-        format!("{lower}s")
-    };
-    ApiResource::from_gvk_with_plural(&gvk, &plural)
-}
 
 fn api(client: &Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), NS, &resource(api_version, kind))

@@ -302,35 +302,23 @@ async fn serve_webhooks_locally(client: &Client, ports: &BTreeMap<&str, u16>, ca
         Some(true)
     };
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    for mut config in validating
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-    {
-        let served: Vec<_> = config
-            .webhooks
+    point_configurations(&validating, &point, |c| {
+        c.webhooks
             .iter_mut()
             .flatten()
-            .filter_map(|w| point(&mut w.client_config))
-            .collect();
-        replace_or_delete(&validating, config, &served).await;
-    }
+            .map(|w| &mut w.client_config)
+            .collect()
+    })
+    .await;
     let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    for mut config in mutating
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items
-    {
-        let served: Vec<_> = config
-            .webhooks
+    point_configurations(&mutating, &point, |c| {
+        c.webhooks
             .iter_mut()
             .flatten()
-            .filter_map(|w| point(&mut w.client_config))
-            .collect();
-        replace_or_delete(&mutating, config, &served).await;
-    }
+            .map(|w| &mut w.client_config)
+            .collect()
+    })
+    .await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for mut crd in crds.list(&ListParams::default()).await.expect("list").items {
         let Some(config) = crd
@@ -360,21 +348,27 @@ async fn serve_webhooks_locally(client: &Client, ports: &BTreeMap<&str, u16>, ca
     }
 }
 
-/// Replaces a webhook configuration whose webhooks were all pointed here, or deletes one that
+/// Points the webhooks of every configuration of `api` here, or deletes a configuration that
 /// calls a manager that does not run here.
-async fn replace_or_delete<K>(api: &Api<K>, config: K, served: &[bool])
-where
+async fn point_configurations<K>(
+    api: &Api<K>,
+    point: &dyn Fn(&mut WebhookClientConfig) -> Option<bool>,
+    clients: fn(&mut K) -> Vec<&mut WebhookClientConfig>,
+) where
     K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let name = config.name_any();
-    if served.iter().all(|s| *s) {
-        api.replace(&name, &PostParams::default(), &config)
-            .await
-            .unwrap_or_else(|e| panic!("point webhook configuration {name} here: {e}"));
-    } else {
-        api.delete(&name, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("delete webhook configuration {name}: {e}"));
+    for mut config in api.list(&ListParams::default()).await.expect("list").items {
+        let served: Vec<bool> = clients(&mut config).into_iter().filter_map(point).collect();
+        let name = config.name_any();
+        if served.iter().all(|s| *s) {
+            api.replace(&name, &PostParams::default(), &config)
+                .await
+                .unwrap_or_else(|e| panic!("point webhook configuration {name} here: {e}"));
+        } else {
+            api.delete(&name, &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| panic!("delete webhook configuration {name}: {e}"));
+        }
     }
 }
 
@@ -403,7 +397,9 @@ fn base64(bytes: &[u8]) -> String {
     value.as_str().unwrap_or_default().to_string()
 }
 
-fn resource(api_version: &str, kind: &str) -> ApiResource {
+/// The API resource of a kind by its apiVersion (plurals as the Metal3 and Cluster API kinds
+/// make them).
+pub fn resource(api_version: &str, kind: &str) -> ApiResource {
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let gvk = GroupVersionKind::gvk(group, version, kind);
     let lower = kind.to_lowercase();
