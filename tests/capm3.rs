@@ -11,7 +11,6 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -19,17 +18,15 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
 };
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::plane::Dedicated;
 use support::process::free_port;
+use support::stack::{Manager, manager_args, resource};
 use support::wait::wait_listening;
 use support::webhook::Certs;
-use support::{Bitpool, eventually, read_crds, root};
+use support::{Bitpool, eventually, read_crds};
 
 const NS: &str = "metal3";
 const CLUSTER: &str = "test1";
@@ -47,18 +44,6 @@ const BITPOOL: &str = "bitpool";
 /// The preallocated provisioning address of host `i`.
 fn preallocated(i: usize) -> String {
     format!("192.168.111.{}", 150 + i)
-}
-
-fn resource(api_version: &str, kind: &str) -> ApiResource {
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let kind = kind.to_lowercase();
-    let plural = if kind.ends_with('s') {
-        format!("{kind}es")
-    } else {
-        format!("{kind}s")
-    };
-    ApiResource::from_gvk_with_plural(&gvk, &plural)
 }
 
 fn api(client: &Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
@@ -104,45 +89,10 @@ async fn list(client: &Client, api_version: &str, kind: &str) -> Vec<DynamicObje
 
 /// CAPM3's manager with its webhook server (serving its CRDs' conversions) on 127.0.0.1.
 /// Its log: `target/test-logs/capm3-<name>.log`.
-struct Capm3 {
-    child: Child,
-}
-
-impl Capm3 {
-    fn start(kubeconfig: &std::path::Path, certs: &Certs, port: u16, name: &str) -> Self {
-        let bin = support::hack_script("tools.sh", &["capm3"]);
-        let dir = root().join("target/test-logs");
-        std::fs::create_dir_all(&dir).expect("create target/test-logs");
-        let log = dir.join(format!("capm3-{name}.log"));
-        let file = std::fs::File::create(&log).expect("create the log");
-        let child = Command::new(bin)
-            .args([
-                &format!("--webhook-port={port}"),
-                &format!("--webhook-cert-dir={}", certs.dir.display()),
-                "--health-addr=0",
-                "--diagnostics-address=0",
-                "--insecure-diagnostics",
-                "--enable-bmh-name-based-preallocation",
-                // Its CRD migrator would rewrite every object of its kinds at start: not the
-                // subject here, and a writer the tests would have to tell apart.
-                "--skip-crd-migration-phases=StorageVersionMigration",
-                "--skip-crd-migration-phases=CleanupManagedFields",
-                "--v=2",
-            ])
-            .env("KUBECONFIG", kubeconfig)
-            .stdout(file.try_clone().expect("log handle"))
-            .stderr(file)
-            .spawn()
-            .expect("start CAPM3's manager");
-        Self { child }
-    }
-}
-
-impl Drop for Capm3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+fn start_capm3(kubeconfig: &std::path::Path, certs: &Certs, port: u16, name: &str) -> Manager {
+    let mut args = manager_args(port, &certs.dir);
+    args.push("--enable-bmh-name-based-preallocation".to_string());
+    Manager::start("capm3", name, &args, &[("KUBECONFIG", kubeconfig)])
 }
 
 /// A control plane with Cluster API's, CAPM3's and BMO's CRDs, CAPM3 running, and bitpool's IPAM
@@ -150,7 +100,7 @@ impl Drop for Capm3 {
 struct Metal3Plane {
     client: Client,
     kubeconfig: PathBuf,
-    _capm3: Capm3,
+    _capm3: Manager,
     _certs: Certs,
     _plane: Dedicated,
 }
@@ -169,7 +119,7 @@ impl Metal3Plane {
             )
             .await
             .expect("create the namespace");
-        let capm3 = Capm3::start(&plane.kubeconfig, &certs, port, name);
+        let capm3 = start_capm3(&plane.kubeconfig, &certs, port, name);
         wait_listening(
             port,
             "CAPM3's webhook server listens (log: target/test-logs/capm3-*.log)",

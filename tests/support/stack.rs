@@ -80,6 +80,23 @@ impl Drop for Manager {
     }
 }
 
+/// The flags Cluster API core and CAPM3 (controller-runtime managers built alike) run with here:
+/// webhooks on `port` with the certificates in `certs`, no probe or diagnostics servers.
+pub fn manager_args(port: u16, certs: &Path) -> Vec<String> {
+    vec![
+        format!("--webhook-port={port}"),
+        format!("--webhook-cert-dir={}", certs.display()),
+        "--health-addr=0".to_string(),
+        "--diagnostics-address=0".to_string(),
+        "--insecure-diagnostics".to_string(),
+        // Their CRD migrators would rewrite every object of their kinds at start: not the
+        // subject here, and writers the tests would have to tell apart.
+        "--skip-crd-migration-phases=StorageVersionMigration".to_string(),
+        "--skip-crd-migration-phases=CleanupManagedFields".to_string(),
+        "--v=2".to_string(),
+    ]
+}
+
 /// What differs between the stacks of the scenarios.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
@@ -146,20 +163,7 @@ impl Stack {
     async fn start_managers(&mut self) {
         let kubeconfig = self.kubeconfig.clone();
         let certs = self.certs.dir.clone();
-        let common = |port: u16| {
-            vec![
-                format!("--webhook-port={port}"),
-                format!("--webhook-cert-dir={}", certs.display()),
-                "--health-addr=0".to_string(),
-                "--diagnostics-address=0".to_string(),
-                "--insecure-diagnostics".to_string(),
-                // Their CRD migrators would rewrite every object of their kinds at start: not
-                // the subject here, and writers the tests would have to tell apart.
-                "--skip-crd-migration-phases=StorageVersionMigration".to_string(),
-                "--skip-crd-migration-phases=CleanupManagedFields".to_string(),
-                "--v=2".to_string(),
-            ]
-        };
+        let common = |port: u16| manager_args(port, &certs);
         let kube = [("KUBECONFIG", kubeconfig.as_path())];
         let capi = common(self.ports[CAPI]);
         self.managers
