@@ -435,19 +435,20 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
         .expect("unpause claim");
     env.wait_ready("by-annotation", "True", None).await;
 
-    // A paused pool serves nobody until resumed.
+    // A paused pool serves nobody until resumed, and its claims say so.
     env.pause_pool("pool", true).await;
     claim(&env, "while-pool-paused", "InClusterIPPool", "pool").await;
-    claim(&env, "control-2", "InClusterIPPool", "other").await;
-    env.wait_ready("control-2", "False", Some("PoolNotReady"))
-        .await;
+    let waiting = env
+        .wait_ready("while-pool-paused", "False", Some("PoolNotReady"))
+        .await
+        .status
+        .expect("a status");
+    assert!(waiting.address_ref.is_none());
+    let ready = waiting.conditions.iter().find(|c| c.type_ == "Ready");
+    let message = &ready.expect("Ready").message;
     assert!(
-        env.claims()
-            .get("while-pool-paused")
-            .await
-            .expect("claim")
-            .status
-            .is_none()
+        message.contains("is paused (annotation cluster.x-k8s.io/paused)"),
+        "{message}"
     );
     env.pause_pool("pool", false).await;
     env.wait_ready("while-pool-paused", "True", None).await;
@@ -988,7 +989,8 @@ async fn a_paused_pool_protects_its_claims_until_it_resumes() {
         }
     };
     let deleted = eventually("the claim protected", WAIT, || protected("deleted")).await;
-    assert!(deleted.status.is_none(), "a paused pool serves nobody");
+    let address = deleted.status.as_ref().and_then(|s| s.address_ref.as_ref());
+    assert!(address.is_none(), "a paused pool serves nobody");
     env.claims()
         .delete("deleted", &DeleteParams::default())
         .await

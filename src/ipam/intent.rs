@@ -130,6 +130,8 @@ pub enum Refusal {
     Alloc(AllocError),
     /// The pool's spec is invalid; nothing is allocated until it is fixed.
     PoolInvalid,
+    /// The pool is paused (`cluster.x-k8s.io/paused`); nothing is allocated until it is lifted.
+    Paused,
     /// The ledger was rebuilt after its record was lost; no new address until this time.
     Fenced {
         until: String,

@@ -288,6 +288,11 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
             ..
         } => (capi::reasons::POOL_NOT_READY, fenced_message(pool, until)),
         Outcome::Refused {
+            refusal: Refusal::Paused,
+            pool,
+            ..
+        } => (capi::reasons::POOL_NOT_READY, paused_message(pool)),
+        Outcome::Refused {
             refusal: Refusal::Deferred,
             pool,
             ..
@@ -352,6 +357,13 @@ fn capi_status_patch(claim: &IPAddressClaim, outcome: &Outcome) -> Option<serde_
         .then(|| capi::claim_status_patch(status.address_ref.as_ref(), &status.conditions))
 }
 
+fn paused_message(pool: &str) -> String {
+    format!(
+        "{pool} is paused (annotation {}): it hands out no address until the annotation is removed",
+        crate::api::labels::PAUSED
+    )
+}
+
 /// Upstream's `errorMessage` strings, which existing tooling matches on.
 fn metal3_error(outcome: &Outcome) -> Option<String> {
     Some(match outcome {
@@ -371,8 +383,9 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             pool,
             ..
         } => fenced_message(pool, until),
+        // Neither is a failure, and Metal3 consumers read any errorMessage as one.
         Outcome::Refused {
-            refusal: Refusal::Deferred,
+            refusal: Refusal::Deferred | Refusal::Paused,
             ..
         } => return None,
         Outcome::Refused {

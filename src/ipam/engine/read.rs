@@ -13,7 +13,8 @@ use kube::runtime::reflector::ObjectRef;
 use super::{AddressIndex, BATCH, ClaimKey, address_key, claim_key, in_parallel, usable};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
-use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError};
+use crate::ipam::intent::Refusal;
+use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -231,10 +232,12 @@ pub(super) async fn add_claim_finalizers<P: PoolDialect>(
 /// A paused pool serves and releases nothing, but still protects every live claim it has seen
 /// with its finalizer (as upstream does before it looks at the pause): a claim deleted while
 /// the pool is paused then waits for the pool instead of vanishing with its address held.
+/// Claims it has not served say why they wait.
 pub(super) async fn protect_claims<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
 ) -> Result<Action, Error> {
+    tell_paused(pool, ctx).await?;
     let unprotected: Vec<AnyClaim> = pool
         .claims(ctx)
         .into_iter()
@@ -253,6 +256,26 @@ pub(super) async fn protect_claims<P: PoolDialect>(
         true => Action::requeue(Duration::from_millis(200)),
         false => Action::await_change(),
     })
+}
+
+/// Writes "the pool is paused" on each live claim of the pool that has no address (a claim
+/// that already says so is not written again).
+async fn tell_paused<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<(), Error> {
+    let paused = Outcome::Refused {
+        refusal: Refusal::Paused,
+        pool: pool.key().describe(),
+        spec_error: None,
+    };
+    let waiting = pool
+        .claims(ctx)
+        .into_iter()
+        .filter(|c| !c.deleting() && c.status_address_name().is_none())
+        .filter(|c| claim_may_proceed(c, ctx))
+        .take(BATCH);
+    for claim in waiting {
+        claim.write_status(ctx, &paused).await?;
+    }
+    Ok(())
 }
 
 pub(super) fn index_addresses(addresses: Vec<AnyAddress>) -> AddressIndex {
