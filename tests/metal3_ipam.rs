@@ -11,7 +11,8 @@ use bitpool::api::capi::{IPAddress, IPAddressClaim, IPPoolReference};
 use bitpool::api::metal3_ipam::{IPClaim, IPPool, IPPoolSpec, Metal3IPAddress, Metal3PoolRange};
 use futures::{StreamExt, stream};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
 use support::build::{claim_object, create, create_claim, ipclaim_object, metal3_pool};
 use support::check::listed;
 use support::{Bitpool, Env, eventually};
@@ -584,6 +585,64 @@ async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
     assert_eq!(
         indexes.get("node-0-bmv4").map(String::as_str),
         Some("10.50.0.77")
+    );
+}
+
+/// A pool that served its claims itself and is then pointed at a CAPI pool (the migration's
+/// switch in place) keeps every address, and drops its own ledger: from then on the target
+/// pool's record is the one that counts, and a record left behind would go stale.
+#[tokio::test]
+async fn a_pool_switched_to_the_proxy_in_place_drops_its_own_ledger() {
+    let env = Env::new("m3-proxy-switch").await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let mut own = pool_spec(vec![range("10.60.0.10", "10.60.0.20")]);
+    own.name_prefix = "test1-bmv4".into();
+    metal3_pool(&env, "bmv4", own.clone()).await;
+    create(&env.api(), &ipclaim_object(&env, "node-0-bmv4", "bmv4")).await;
+    let served = env.allocated("node-0-bmv4").await;
+    assert_eq!(served.spec.address, "10.60.0.10");
+    assert!(env.ledger("IPPool", "bmv4").await.is_some());
+
+    // The new pool, as `bitpool migrate` writes it: the claim's address pinned.
+    let target = bitpool::api::capi_pools::InClusterIPPool {
+        metadata: env.meta("new-pool"),
+        spec: bitpool::api::capi_pools::InClusterIPPoolSpec {
+            addresses: vec!["10.60.0.10-10.60.0.20".into()],
+            prefix: 24,
+            gateway: Some("192.168.0.1".into()),
+            pre_allocations: BTreeMap::from([("node-0-bmv4".into(), "10.60.0.10".into())]),
+            ..Default::default()
+        },
+        status: None,
+    };
+    env.api::<bitpool::api::capi_pools::InClusterIPPool>()
+        .create(&PostParams::default(), &target)
+        .await
+        .expect("create InClusterIPPool");
+    env.api::<IPPool>()
+        .patch(
+            "bmv4",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"poolRef": {
+                "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "new-pool",
+            }}})),
+        )
+        .await
+        .expect("point the pool at the CAPI pool");
+    let proxied = eventually("the claim served through the proxy", WAIT, || async {
+        env.api::<IPAddress>().get_opt("node-0-bmv4").await.ok()?
+    })
+    .await;
+    assert_eq!(proxied.spec.address, "10.60.0.10");
+    eventually("the pool's own ledger deleted", WAIT, || async {
+        env.ledger("IPPool", "bmv4").await.is_none().then_some(())
+    })
+    .await;
+    let mirror = env.allocated("node-0-bmv4").await;
+    assert_eq!(
+        (mirror.name_any(), mirror.spec.address),
+        (served.name_any(), served.spec.address),
+        "the Metal3 IPAddress the claim had is its mirror now"
     );
 }
 

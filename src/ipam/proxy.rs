@@ -18,9 +18,12 @@ use serde_json::json;
 use super::Context;
 use super::dialect::PoolDialect;
 use super::engine;
+use super::intent;
 use super::key::PoolKey;
 use super::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
+use super::ledger::Loaded;
 use super::metal3::metal3_address;
+use super::transaction;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
 use crate::runtime::error::{Call, Error, Verb, object_of};
@@ -144,7 +147,7 @@ async fn reconcile_proxy(
     }
     let key = pool.key();
     let mut indexes = BTreeMap::new();
-    let mut requeue = None;
+    let mut requeue = retire_own_ledger(&pool, &ctx).await?;
     for ipclaim in ctx.ipclaims.state() {
         if PoolKey::of_ipclaim(&ipclaim).as_ref() != Some(&key)
             || objects::is_paused(ipclaim.meta())
@@ -168,6 +171,30 @@ async fn reconcile_proxy(
         Some(after) => Action::requeue(after),
         None => Action::requeue(Duration::from_secs(600)),
     })
+}
+
+/// A pool that proxies keeps no ledger of its own: its addresses are the target pool's, and a
+/// record left from before the switch would go stale — the webhook would count addresses long
+/// released as held, and a switch back would trust it. It is deleted once no reservation in it
+/// can still land (the engine no longer runs for the pool to confirm them); a switch back
+/// rebuilds it from the address objects. Returns when to look again if it has to wait.
+async fn retire_own_ledger(pool: &IPPool, ctx: &Context) -> Result<Option<Duration>, Error> {
+    let ledger = transaction::ledger_of(pool, ctx);
+    let Loaded::Found(stored) = ledger.load().await? else {
+        return Ok(None);
+    };
+    let now = objects::now().0.to_string();
+    let landing = stored
+        .ledger
+        .pending
+        .values()
+        .any(|r| !intent::no_create_can_land(r, &now));
+    if landing {
+        return Ok(Some(Duration::from_secs(5)));
+    }
+    ledger.delete().await?;
+    tracing::info!(pool = %pool.key().describe(), ledger = %ledger.describe(), "deleted the ledger of a pool that now proxies");
+    Ok(None)
 }
 
 /// What one IPClaim of a proxying pool came to.
