@@ -1,11 +1,12 @@
 //! The whole Metal3 stack around bitpool (tests/support/stack.rs): Cluster API core, CAPM3 and the
-//! baremetal-operator, installed with clusterctl and running for real, deploy a cluster of bare-
-//! metal hosts — a control plane machine and a MachineDeployment — and delete it, while bitpool
-//! serves the addresses, on a control plane of the test's own. The test plays the kubelet alone
-//! ([`Kubelet`]).
+//! baremetal-operator, installed with clusterctl and running for real, take a cluster of bare-
+//! metal hosts through its life — a control plane machine and a MachineDeployment deployed, rolled
+//! onto a new template, scaled in and out, deleted — while bitpool serves the addresses, on a
+//! control plane of each scenario's own. The test plays the kubelet alone ([`Kubelet`]).
 //!
 //! Throughout, a sampler lists every address object a few times a second: no address may be
-//! held twice at any instant it sees.
+//! held twice at any instant it sees, and no CAPI pool address may go to a new claim within the
+//! pool's reuse grace period.
 
 mod support;
 
@@ -13,8 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::eventually;
@@ -38,6 +41,8 @@ const V1BETA1: &str = "infrastructure.cluster.x-k8s.io/v1beta1";
 const V1BETA2: &str = "infrastructure.cluster.x-k8s.io/v1beta2";
 const CAPI: &str = "cluster.x-k8s.io/v1beta2";
 const BMH: &str = "metal3.io/v1alpha1";
+const CAPI_IPAM: &str = "ipam.cluster.x-k8s.io/v1beta2";
+const CAPI_POOLS: &str = "ipam.cluster.x-k8s.io/v1alpha2";
 
 fn api(client: &Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), NS, &resource(api_version, kind))
@@ -116,18 +121,22 @@ async fn create_namespace(client: &Client) {
         .expect("create the namespace");
 }
 
-/// Seven hosts with their BMC credentials, registered and inspected by the baremetal-operator.
+/// Seven hosts, each with its BMC credentials in a Secret of its own (as Metal3 installations
+/// make them: the baremetal-operator owns each host's Secret, and hosts sharing one would
+/// re-register each other at every change of it), registered and inspected by the
+/// baremetal-operator.
 async fn enroll_hosts(client: &Client) {
-    create(
-        client,
-        json!({
-            "apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "bmc-credentials"},
-            "stringData": {"username": "admin", "password": "password"},
-        }),
-    )
-    .await;
     for i in 0..HOSTS {
+        let credentials = format!("{}-bmc-secret", host(i));
+        create(
+            client,
+            json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": credentials},
+                "stringData": {"username": "admin", "password": "password"},
+            }),
+        )
+        .await;
         create(
             client,
             json!({
@@ -136,7 +145,7 @@ async fn enroll_hosts(client: &Client) {
                 "spec": {
                     "online": true,
                     "bootMACAddress": format!("00:5c:52:31:3a:{i:02x}"),
-                    "bmc": {"address": format!("ipmi://192.168.111.1:{}", 6230 + i), "credentialsName": "bmc-credentials"},
+                    "bmc": {"address": format!("ipmi://192.168.111.1:{}", 6230 + i), "credentialsName": credentials},
                 },
             }),
         )
@@ -229,13 +238,17 @@ async fn create_cluster(stack: &Stack, mode: Mode, replicas: i64) {
         }),
     )
     .await;
-    let mut template = data_template();
+    let mut template = data_template(DATA_TEMPLATE, Provisioning::Metal3Pool);
     if mode.bitpool_renders {
         template["metadata"]["annotations"] = json!({"cluster.x-k8s.io/paused": "bitpool"});
     }
     create(client, template).await;
     create_control_plane(client).await;
-    create(client, machine_template("workers-a", "node-a")).await;
+    create(
+        client,
+        machine_template("workers-a", "node-a", DATA_TEMPLATE),
+    )
+    .await;
     create(
         client,
         json!({
@@ -279,7 +292,8 @@ async fn create_control_plane(client: &Client) {
         }),
     )
     .await;
-    let mut m3m = machine_template("control-plane", "node-a")["spec"]["template"].clone();
+    let mut m3m =
+        machine_template("control-plane", "node-a", DATA_TEMPLATE)["spec"]["template"].clone();
     m3m["apiVersion"] = json!(V1BETA1);
     m3m["kind"] = json!("Metal3Machine");
     m3m["metadata"] = json!({
@@ -293,18 +307,44 @@ async fn create_control_plane(client: &Client) {
     create(client, m3m).await;
 }
 
-/// Two networks, one from each pool: a Metal3 pool by name (address, route gateway, DNS) and a
-/// CAPI pool by `fromPoolRef`, on the fixture provisioner's two NICs.
-fn data_template() -> Value {
+/// Where a data template's provisioning network takes its addresses from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Provisioning {
+    /// The Metal3 IPPool, by name (`ipAddressFromIPPool`), as templates written for Metal3 IPAM do.
+    Metal3Pool,
+    /// The InClusterIPPool `bitpool migrate` made of it, by `fromPoolRef`.
+    MigratedPool,
+}
+
+/// Two networks, the provisioning one (from the Metal3 pool or the pool migrated from it) and
+/// one from the CAPI pool by `fromPoolRef`, on the fixture provisioner's two NICs.
+fn data_template(name: &str, provisioning: Provisioning) -> Value {
     let capi_pool =
         json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": CAPI_POOL});
+    let migrated = json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": METAL3_POOL});
+    let (meta_pool, network, services) = match provisioning {
+        Provisioning::Metal3Pool => (
+            json!({"key": "provisioningIP", "name": METAL3_POOL, "apiGroup": "ipam.metal3.io", "kind": "IPPool"}),
+            json!({"id": "provisioning", "link": "nic-1", "ipAddressFromIPPool": METAL3_POOL,
+                   "routes": [{"network": "0.0.0.0", "prefix": 0, "gateway": {"fromIPPool": METAL3_POOL}}]}),
+            json!({"dnsFromIPPool": METAL3_POOL}),
+        ),
+        // CAPM3 reads metaData's pool references as Metal3 IPPools whatever kind they name
+        // (bitpool's renderer honours the kind): the migrated template leaves them out.
+        Provisioning::MigratedPool => (
+            json!(null),
+            json!({"id": "provisioning", "link": "nic-1", "fromPoolRef": migrated,
+                   "routes": [{"network": "0.0.0.0", "prefix": 0, "gateway": {"fromPoolRef": migrated}}]}),
+            json!({"dns": ["192.168.111.1"]}),
+        ),
+    };
     json!({
         "apiVersion": V1BETA1, "kind": "Metal3DataTemplate",
-        "metadata": {"name": DATA_TEMPLATE, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
+        "metadata": {"name": name, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
         "spec": {
             "clusterName": CLUSTER,
             "metaData": {
-                "ipAddressesFromIPPool": [{"key": "provisioningIP", "name": METAL3_POOL, "apiGroup": "ipam.metal3.io", "kind": "IPPool"}],
+                "ipAddressesFromIPPool": if meta_pool.is_null() { json!([]) } else { json!([meta_pool]) },
                 "objectNames": [{"key": "name", "object": "machine"}],
                 "indexes": [{"key": "index", "offset": 0, "step": 1}],
                 "prefixesFromIPPool": [], "gatewaysFromIPPool": [], "dnsServersFromIPPool": [],
@@ -315,20 +355,19 @@ fn data_template() -> Value {
                     {"type": "phy", "id": "nic-2", "mtu": 1500, "macAddress": {"fromHostInterface": "nic-2"}},
                 ]},
                 "networks": {"ipv4": [
-                    {"id": "provisioning", "link": "nic-1", "ipAddressFromIPPool": METAL3_POOL,
-                     "routes": [{"network": "0.0.0.0", "prefix": 0, "gateway": {"fromIPPool": METAL3_POOL}}]},
+                    network,
                     {"id": "baremetal", "link": "nic-2", "fromPoolRef": capi_pool,
                      "routes": [{"network": "10.1.0.0", "prefix": 16, "gateway": {"fromPoolRef": capi_pool}}]},
                 ]},
-                "services": {"dnsFromIPPool": METAL3_POOL},
+                "services": services,
             },
         },
     })
 }
 
-/// A Metal3MachineTemplate; `image` differs between templates, so that a change of template
-/// rolls every machine.
-fn machine_template(name: &str, image: &str) -> Value {
+/// A Metal3MachineTemplate of `data`; `image` differs between templates, so that a change of
+/// template rolls every machine.
+fn machine_template(name: &str, image: &str, data: &str) -> Value {
     json!({
         "apiVersion": V1BETA1, "kind": "Metal3MachineTemplate",
         "metadata": {"name": name, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
@@ -338,7 +377,7 @@ fn machine_template(name: &str, image: &str) -> Value {
                 "checksum": format!("http://172.22.0.1/images/{image}.qcow2.sha256sum"),
                 "checksumType": "sha256", "format": "qcow2",
             },
-            "dataTemplate": {"name": DATA_TEMPLATE},
+            "dataTemplate": {"name": data},
         }}},
     })
 }
@@ -453,7 +492,8 @@ fn assert_distinct(rendered: &BTreeMap<String, Rendered>) {
 }
 
 /// Lists every address object of both kinds a few times a second, and records any address held
-/// twice in one pool at one instant, and when each claim first held each address.
+/// twice in one pool at one instant, and the history of each CAPI pool address: which address
+/// objects held it, for which claims, and when those claims were deleted.
 struct Sampler {
     seen: Arc<Mutex<Samples>>,
     task: tokio::task::JoinHandle<()>,
@@ -463,6 +503,27 @@ struct Sampler {
 struct Samples {
     rounds: usize,
     twice: Vec<String>,
+    /// Address of the CAPI pool with a reuse grace period → its address objects by UID.
+    capi_holders: BTreeMap<String, BTreeMap<String, Holder>>,
+    /// IPAddressClaim UID → when its deletion was asked for, as first seen.
+    claim_deleted: BTreeMap<String, Timestamp>,
+}
+
+/// An address object of either kind, as the sampler saw it.
+#[derive(Debug)]
+#[allow(dead_code)] // read by the failure message
+struct AddressObject {
+    kind: &'static str,
+    name: String,
+    pool: String,
+    claim: String,
+}
+
+/// One CAPI address object: when it was made, and for which claim (by UID).
+#[derive(Debug, Clone)]
+struct Holder {
+    created: Timestamp,
+    claim: String,
 }
 
 impl Sampler {
@@ -473,18 +534,10 @@ impl Sampler {
             let mut tick = tokio::time::interval(Duration::from_millis(300));
             loop {
                 tick.tick().await;
-                let Ok(round) = held(&client).await else {
+                let Ok(round) = sample(&client).await else {
                     continue;
                 };
-                let mut samples = out.lock().expect("samples");
-                samples.rounds += 1;
-                for ((pool, address), holders) in round {
-                    if holders.len() > 1 {
-                        samples
-                            .twice
-                            .push(format!("{address} of {pool} held by {holders:?}"));
-                    }
-                }
+                out.lock().expect("samples").add(round);
             }
         });
         Self { seen, task }
@@ -496,6 +549,55 @@ impl Sampler {
         assert!(samples.twice.is_empty(), "held twice: {:?}", samples.twice);
         samples.rounds
     }
+
+    /// Fails if a CAPI pool address went to a new claim sooner than `grace` after the deletion of
+    /// the claim that held it before; returns how many times an address was reused.
+    fn assert_reuse_waited(&self, grace: Duration) -> usize {
+        let samples = self.seen.lock().expect("samples");
+        let mut reused = 0;
+        for (address, holders) in &samples.capi_holders {
+            let mut holders: Vec<&Holder> = holders.values().collect();
+            holders.sort_by_key(|h| h.created);
+            for pair in holders.windows(2) {
+                let (before, after) = (pair[0], pair[1]);
+                let deleted = samples.claim_deleted.get(&before.claim).unwrap_or_else(|| {
+                    panic!("{address} went to a new claim while claim {} was never seen deleted: {holders:?}", before.claim)
+                });
+                // Both timestamps are whole seconds; the pool counts from the deletion's.
+                let waited = after.created.duration_since(*deleted);
+                assert!(
+                    waited
+                        >= SignedDuration::try_from(grace).expect("a duration")
+                            - SignedDuration::from_secs(1),
+                    "{address} reused {waited:?} after its claim's deletion, within the {grace:?} grace period: {holders:?}"
+                );
+                reused += 1;
+            }
+        }
+        reused
+    }
+}
+
+impl Samples {
+    fn add(&mut self, round: Round) {
+        self.rounds += 1;
+        for (address, holders) in round.held {
+            let claims: BTreeSet<&str> = holders.iter().map(|h| h.claim.as_str()).collect();
+            if claims.len() > 1 {
+                self.twice.push(format!("{address} held by {holders:?}"));
+            }
+        }
+        for (address, uid, holder) in round.capi {
+            self.capi_holders
+                .entry(address)
+                .or_default()
+                .entry(uid)
+                .or_insert(holder);
+        }
+        for (uid, deleted) in round.deleting_claims {
+            self.claim_deleted.entry(uid).or_insert(deleted);
+        }
+    }
 }
 
 impl Drop for Sampler {
@@ -504,18 +606,38 @@ impl Drop for Sampler {
     }
 }
 
-/// (pool, address) → the address objects holding it, of both kinds.
-async fn held(client: &Client) -> Result<BTreeMap<(String, String), Vec<String>>, kube::Error> {
-    let mut out: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for (version, kind, pool_field) in [
-        ("ipam.metal3.io/v1alpha1", "IPAddress", "pool"),
-        ("ipam.cluster.x-k8s.io/v1beta2", "IPAddress", "poolRef"),
+/// What one listing of the address objects and CAPI claims shows.
+struct Round {
+    /// Address → the address objects holding it, of both kinds. The two pools of a scenario hand
+    /// out disjoint ranges, and a Metal3 pool and the pool migrated from it share theirs: an
+    /// address may be held by one claim only (through the proxy, its Metal3 IPAddress mirrors
+    /// the IPAddress of the proxy claim of the same name).
+    held: BTreeMap<String, Vec<AddressObject>>,
+    /// Each CAPI address object: (address, its UID, what it holds the address for).
+    capi: Vec<(String, String, Holder)>,
+    /// IPAddressClaims being deleted: UID → deletion time.
+    deleting_claims: Vec<(String, Timestamp)>,
+}
+
+async fn sample(client: &Client) -> Result<Round, kube::Error> {
+    let mut round = Round {
+        held: BTreeMap::new(),
+        capi: Vec::new(),
+        deleting_claims: Vec::new(),
+    };
+    for (version, pool_field, claim_field) in [
+        ("ipam.metal3.io/v1alpha1", "pool", "claim"),
+        (CAPI_IPAM, "poolRef", "claimRef"),
     ] {
-        let objects = api(client, version, kind)
+        let objects = api(client, version, "IPAddress")
             .list(&ListParams::default())
             .await?
             .items;
         for object in objects {
+            let claim = object.data["spec"][claim_field]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             let pool = object.data["spec"][pool_field]["name"]
                 .as_str()
                 .unwrap_or_default()
@@ -524,16 +646,46 @@ async fn held(client: &Client) -> Result<BTreeMap<(String, String), Vec<String>>
                 .as_str()
                 .unwrap_or_default()
                 .to_string();
-            out.entry((pool, address))
-                .or_default()
-                .push(format!("{version} {}", object.name_any()));
+            if version == CAPI_IPAM && pool == CAPI_POOL {
+                let claim = object
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.kind == "IPAddressClaim")
+                    .map(|o| o.uid.clone())
+                    .unwrap_or_default();
+                let created = object
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| t.0)
+                    .unwrap_or_default();
+                let uid = object.uid().unwrap_or_default();
+                round
+                    .capi
+                    .push((address.clone(), uid, Holder { created, claim }));
+            }
+            round.held.entry(address).or_default().push(AddressObject {
+                kind: version,
+                name: object.name_any(),
+                pool,
+                claim,
+            });
         }
     }
-    Ok(out)
+    let claims = api(client, CAPI_IPAM, "IPAddressClaim")
+        .list(&ListParams::default())
+        .await?
+        .items;
+    round.deleting_claims = claims
+        .iter()
+        .filter_map(|c| Some((c.uid()?, c.metadata.deletion_timestamp.as_ref()?.0)))
+        .collect();
+    Ok(round)
 }
 
-/// Deletes the Cluster and waits until everything of it is gone but the CAPI pool.
-async fn delete_cluster(client: &Client) {
+/// Deletes the Cluster and waits until everything of it is gone; the CAPI pool stays unless
+/// it was deleted too.
+async fn delete_cluster(client: &Client, capi_pool_deleted: bool) {
     api(client, CAPI, "Cluster")
         .delete(CLUSTER, &DeleteParams::default())
         .await
@@ -550,8 +702,8 @@ async fn delete_cluster(client: &Client) {
                 (V1BETA2, "Metal3DataClaim"),
                 ("ipam.metal3.io/v1alpha1", "IPClaim"),
                 ("ipam.metal3.io/v1alpha1", "IPAddress"),
-                ("ipam.cluster.x-k8s.io/v1beta2", "IPAddressClaim"),
-                ("ipam.cluster.x-k8s.io/v1beta2", "IPAddress"),
+                (CAPI_IPAM, "IPAddressClaim"),
+                (CAPI_IPAM, "IPAddress"),
             ] {
                 if !list(client, version, kind).await.is_empty() {
                     return None;
@@ -562,69 +714,358 @@ async fn delete_cluster(client: &Client) {
     )
     .await;
     // A Metal3 pool that names its Cluster is owned by it, as Metal3 IPAM makes it, and goes
-    // with it; the CAPI pool belongs to no cluster and stays.
-    assert!(
-        get(client, "ipam.metal3.io/v1alpha1", "IPPool", METAL3_POOL)
-            .await
-            .is_none()
-    );
-    assert!(
-        get(
-            client,
-            "ipam.cluster.x-k8s.io/v1alpha2",
-            "InClusterIPPool",
-            CAPI_POOL
+    // with it (collected by the garbage collector); the CAPI pool belongs to no cluster and stays,
+    // unless it was deleted while it held addresses: then it goes once they are released.
+    eventually(
+        "the Metal3 pool is gone; the CAPI pool stays, or goes if deleted",
+        WAIT,
+        || async {
+            let metal3 = get(client, "ipam.metal3.io/v1alpha1", "IPPool", METAL3_POOL).await;
+            let capi = get(client, CAPI_POOLS, "InClusterIPPool", CAPI_POOL).await;
+            (metal3.is_none() && capi.is_none() == capi_pool_deleted).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Patches the MachineDeployment: a new template rolls its machines, new replicas scale it.
+async fn patch_deployment(client: &Client, patch: Value) {
+    api(client, CAPI, "MachineDeployment")
+        .patch(
+            DEPLOYMENT,
+            &PatchParams::default(),
+            &Patch::Merge(patch.clone()),
         )
         .await
-        .is_some()
-    );
+        .unwrap_or_else(|e| panic!("patch MachineDeployment {DEPLOYMENT} with {patch}: {e}"));
 }
 
-/// Deploys five machines from seven hosts (a control plane machine takes one more) and deletes
-/// the Cluster, checking what each host was given.
-async fn deploy_and_delete(name: &str, mode: Mode) {
-    let started = std::time::Instant::now();
-    let mut stack = Stack::start(name, mode.options()).await;
-    let client = stack.client.clone();
-    create_namespace(&client).await;
-    let _kubelet = Kubelet::start(client.clone(), NS);
-    let sampler = Sampler::start(client.clone());
-    enroll_hosts(&client).await;
-    eprintln!(
-        "{name}: stack up and hosts available after {:?}",
-        started.elapsed()
-    );
+/// Every host's provisioning address is the one preallocated to it.
+fn assert_preallocated(rendered: &BTreeMap<String, Rendered>) {
+    for (host, r) in rendered {
+        let i: usize = host
+            .trim_start_matches("node-")
+            .parse()
+            .expect("a host index");
+        assert_eq!(
+            r.addresses.get("provisioning"),
+            Some(&preallocated(i)),
+            "{r:?}"
+        );
+    }
+}
 
-    create_cluster(&stack, mode, 5).await;
-    let deployed = settled(&client, 5, "workers-a").await;
-    assert_distinct(&deployed);
+/// What each step of a scenario gave the hosts: distinct addresses from the right pools, each
+/// host its preallocated one where hosts keep their addresses.
+fn assert_given(mode: Mode, rendered: &BTreeMap<String, Rendered>) {
+    assert_distinct(rendered);
     if mode.bmh_name_preallocation {
-        for (host, r) in &deployed {
-            let i: usize = host
-                .trim_start_matches("node-")
-                .parse()
-                .expect("a host index");
-            assert_eq!(
-                r.addresses.get("provisioning"),
-                Some(&preallocated(i)),
-                "{r:?}"
-            );
+        assert_preallocated(rendered);
+    }
+}
+
+/// Waits until the claims of both kinds are exactly those of the `machines` running (the
+/// control plane's included): the claims of machines that are gone have been released.
+async fn claims_follow_machines(client: &Client, machines: usize) {
+    eventually(
+        &format!("one claim of each kind for each of {machines} machines, no more"),
+        WAIT,
+        || async {
+            let metal3 = list(client, "ipam.metal3.io/v1alpha1", "IPClaim").await;
+            let capi = list(client, CAPI_IPAM, "IPAddressClaim").await;
+            (metal3.len() == machines && capi.len() == machines).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A scenario's stack, with its kubelet and sampler running and its hosts available.
+struct Scenario {
+    name: String,
+    mode: Mode,
+    stack: Stack,
+    client: Client,
+    sampler: Sampler,
+    started: std::time::Instant,
+    _kubelet: Kubelet,
+}
+
+impl Scenario {
+    async fn start(name: &str, mode: Mode) -> Self {
+        let started = std::time::Instant::now();
+        let stack = Stack::start(name, mode.options()).await;
+        let client = stack.client.clone();
+        create_namespace(&client).await;
+        let kubelet = Kubelet::start(client.clone(), NS);
+        let sampler = Sampler::start(client.clone());
+        enroll_hosts(&client).await;
+        let scenario = Self {
+            name: name.to_string(),
+            mode,
+            stack,
+            client,
+            sampler,
+            started,
+            _kubelet: kubelet,
+        };
+        scenario.step("stack up and hosts available");
+        scenario
+    }
+
+    /// Says how long the scenario has run when `what` is done (the timings of the closing note).
+    fn step(&self, what: &str) {
+        eprintln!("{}: {what} after {:?}", self.name, self.started.elapsed());
+    }
+
+    /// Waits until `replicas` machines of `template` run and checks what each host was given.
+    async fn settled(&self, replicas: usize, template: &str) -> BTreeMap<String, Rendered> {
+        let rendered = settled(&self.client, replicas, template).await;
+        assert_given(self.mode, &rendered);
+        rendered
+    }
+
+    /// Points the MachineDeployment at a new machine template of `data` and waits until every
+    /// machine has been replaced (maxSurge 1), returning what each new host was given.
+    async fn roll(
+        &self,
+        template: &str,
+        data: &str,
+        replicas: usize,
+    ) -> BTreeMap<String, Rendered> {
+        let roll = std::time::Instant::now();
+        self.start_roll(template, data).await;
+        let rendered = self.settled(replicas, template).await;
+        eprintln!(
+            "{}: {replicas} machines rolled in {:?}",
+            self.name,
+            roll.elapsed()
+        );
+        rendered
+    }
+
+    /// Points the MachineDeployment at a new machine template of `data`, which starts a roll.
+    async fn start_roll(&self, template: &str, data: &str) {
+        create(&self.client, machine_template(template, template, data)).await;
+        patch_deployment(
+            &self.client,
+            json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}}),
+        )
+        .await;
+    }
+
+    /// Deletes the Cluster; then no address may have been held twice, and none of the CAPI pool
+    /// reused within its grace period. Returns how many of its addresses were reused.
+    async fn finish(self) -> usize {
+        self.finish_with(false).await
+    }
+
+    /// [`Self::finish`], the CAPI pool deleted (or not) on the way.
+    async fn finish_with(mut self, capi_pool_deleted: bool) -> usize {
+        delete_cluster(&self.client, capi_pool_deleted).await;
+        let rounds = self.sampler.assert_never_twice();
+        let reused = self
+            .sampler
+            .assert_reuse_waited(Duration::from_secs(REUSE_GRACE_SECONDS as u64));
+        self.step(&format!(
+            "done, {rounds} samples, {reused} CAPI addresses reused"
+        ));
+        self.stack.assert_managers_running();
+        reused
+    }
+}
+
+/// The life of a cluster of bare-metal hosts: five machines deployed from seven hosts (a control
+/// plane machine takes one more), rolled onto a new template with maxSurge 1, scaled in to two
+/// and out to six, and deleted — checking at each step what each host was given, and throughout
+/// that no address is held twice and that CAPI pool addresses wait out their reuse grace period.
+async fn lifecycle(name: &str, mode: Mode) {
+    let scenario = Scenario::start(name, mode).await;
+    let client = scenario.client.clone();
+    create_cluster(&scenario.stack, mode, 5).await;
+    scenario.settled(5, "workers-a").await;
+    scenario.step("5 machines deployed");
+
+    scenario.roll("workers-b", DATA_TEMPLATE, 5).await;
+    claims_follow_machines(&client, 6).await;
+
+    patch_deployment(&client, json!({"spec": {"replicas": 2}})).await;
+    scenario.settled(2, "workers-b").await;
+    claims_follow_machines(&client, 3).await;
+    scenario.step("scaled in to 2");
+    patch_deployment(&client, json!({"spec": {"replicas": 6}})).await;
+    scenario.settled(6, "workers-b").await;
+    scenario.step("scaled out to 6");
+
+    let reused = scenario.finish().await;
+    if !mode.bmh_name_preallocation {
+        // Released addresses are the lowest free ones: the roll hands them out again.
+        assert!(
+            reused > 0,
+            "no CAPI pool address was reused: the grace check saw nothing"
+        );
+    }
+}
+
+/// The Metal3 pool's allocations: IPClaim name → address.
+async fn metal3_allocations(client: &Client) -> BTreeMap<String, String> {
+    list(client, "ipam.metal3.io/v1alpha1", "IPAddress")
+        .await
+        .iter()
+        .filter_map(|a| {
+            Some((
+                a.data["spec"]["claim"]["name"].as_str()?.to_string(),
+                a.data["spec"]["address"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// The addresses of the migrated pool: claim name → address.
+async fn migrated_allocations(client: &Client) -> BTreeMap<String, String> {
+    pool_allocations(client, METAL3_POOL).await
+}
+
+/// The addresses of CAPI pool `pool`: claim name → address.
+async fn pool_allocations(client: &Client, pool: &str) -> BTreeMap<String, String> {
+    list(client, CAPI_IPAM, "IPAddress")
+        .await
+        .iter()
+        .filter(|a| a.data["spec"]["poolRef"]["name"].as_str() == Some(pool))
+        .filter_map(|a| {
+            Some((
+                a.data["spec"]["claimRef"]["name"].as_str()?.to_string(),
+                a.data["spec"]["address"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// `bitpool migrate` as an operator runs it: `--check`, then `--apply`.
+fn bitpool_migrate(stack: &Stack) {
+    for extra in ["--check", "--apply"] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_bitpool"))
+            .args(["migrate", "--namespace", NS, extra])
+            .env("KUBECONFIG", &stack.kubeconfig)
+            .output()
+            .expect("run bitpool migrate");
+        let report = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "bitpool migrate {extra}: {report}");
+        if extra == "--check" {
+            assert!(report.contains("every address kept"), "{report}");
         }
     }
-    eprintln!("{name}: 5 machines deployed after {:?}", started.elapsed());
-
-    delete_cluster(&client).await;
-    let rounds = sampler.assert_never_twice();
-    eprintln!(
-        "{name}: done after {:?}, {rounds} samples",
-        started.elapsed()
-    );
-    stack.assert_managers_running();
 }
 
+/// The seed's migration, both ways, on a running cluster with BMH-name preallocation. Without a
+/// node roll: `bitpool migrate` imports the Metal3 pool's allocations into an InClusterIPPool
+/// and the Metal3 pool proxies to it (`spec.poolRef`) — every address stays, and a machine added
+/// then gets its host's address through the proxy. With a node roll: a new data template takes
+/// the provisioning addresses from the InClusterIPPool directly, and a MachineDeployment change
+/// rolls every machine onto it; the old claims, and the claims imported for them, go.
+async fn migration(name: &str) {
+    let mode = Mode {
+        bitpool_renders: false,
+        bmh_name_preallocation: true,
+    };
+    let scenario = Scenario::start(name, mode).await;
+    create_cluster(&scenario.stack, mode, 3).await;
+    let deployed = scenario.settled(3, "workers-a").await;
+    scenario.step("3 machines deployed");
+    migrate_without_a_roll(&scenario, &deployed).await;
+    roll_onto_the_migrated_pool(&scenario).await;
+    scenario.finish().await;
+}
+
+/// `bitpool migrate` and the proxy: every machine keeps its addresses, and one added then gets
+/// its host's through the proxy.
+async fn migrate_without_a_roll(scenario: &Scenario, deployed: &BTreeMap<String, Rendered>) {
+    let client = &scenario.client;
+    let before = metal3_allocations(client).await;
+    assert_eq!(
+        before.len(),
+        4,
+        "three workers and the control plane: {before:?}"
+    );
+    bitpool_migrate(&scenario.stack);
+    api(client, "ipam.metal3.io/v1alpha1", "IPPool")
+        .patch(
+            METAL3_POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"poolRef": {
+                "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": METAL3_POOL,
+            }}})),
+        )
+        .await
+        .expect("point the Metal3 pool at the migrated pool");
+    eventually(
+        "every IPClaim is served through the proxy with the address it had",
+        WAIT,
+        || async { (migrated_allocations(client).await == before).then_some(()) },
+    )
+    .await;
+    assert_eq!(metal3_allocations(client).await, before);
+    assert_eq!(&settled(client, 3, "workers-a").await, deployed);
+    scenario.step("migrated through the proxy, every address kept");
+
+    patch_deployment(client, json!({"spec": {"replicas": 4}})).await;
+    scenario.settled(4, "workers-a").await;
+    let proxied = metal3_allocations(client).await;
+    assert_eq!(proxied, migrated_allocations(client).await);
+    assert_eq!(proxied.len(), 5, "{proxied:?}");
+    scenario.step("a machine added through the proxy");
+}
+
+/// A node roll onto a data template that takes the provisioning addresses from the migrated
+/// pool directly: new addresses, not the hosts' preallocated ones, each held by a claim of the
+/// machine's own; the old IPClaims and the claims imported for them go.
+async fn roll_onto_the_migrated_pool(scenario: &Scenario) {
+    let client = &scenario.client;
+    create(
+        client,
+        data_template("workers-data-migrated", Provisioning::MigratedPool),
+    )
+    .await;
+    let roll = std::time::Instant::now();
+    scenario
+        .start_roll("workers-migrated", "workers-data-migrated")
+        .await;
+    let rolled = settled(client, 4, "workers-migrated").await;
+    assert_distinct(&rolled);
+    scenario.step(&format!(
+        "4 machines rolled onto the migrated pool in {:?}",
+        roll.elapsed()
+    ));
+    // Only the control plane machine, on the old template still, holds an IPClaim.
+    let control_plane = rendered(client, "control-plane")
+        .await
+        .expect("the control plane's data");
+    let left = vec![format!("{}-{METAL3_POOL}", control_plane.host)];
+    eventually(
+        "the old workers' IPClaims, and the claims imported for them, are gone",
+        WAIT,
+        || async {
+            let old: Vec<String> = metal3_allocations(client).await.into_keys().collect();
+            let imported = migrated_allocations(client).await;
+            let imported: Vec<&String> =
+                imported.keys().filter(|c| c.starts_with("node-")).collect();
+            (old == left && imported == left.iter().collect::<Vec<_>>()).then_some(())
+        },
+    )
+    .await;
+    let migrated = migrated_allocations(client).await;
+    for r in rolled.values() {
+        let address = &r.addresses["provisioning"];
+        assert!(
+            migrated
+                .iter()
+                .any(|(claim, a)| a == address && !claim.starts_with("node-")),
+            "{r:?} does not hold its address by a claim of its own on the migrated pool: {migrated:?}"
+        );
+    }
+}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bitpool_as_the_ipam_of_capm3_with_host_preallocation() {
-    deploy_and_delete(
+async fn whole_stack_bitpool_as_the_ipam_with_host_preallocation() {
+    lifecycle(
         "stack-ipam",
         Mode {
             bitpool_renders: false,
@@ -632,4 +1073,244 @@ async fn bitpool_as_the_ipam_of_capm3_with_host_preallocation() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_stack_bitpool_as_the_ipam_addresses_follow_machines() {
+    lifecycle(
+        "stack-ipam-free",
+        Mode {
+            bitpool_renders: false,
+            bmh_name_preallocation: false,
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_stack_bitpool_renders_the_metal3_data_with_host_preallocation() {
+    lifecycle(
+        "stack-data",
+        Mode {
+            bitpool_renders: true,
+            bmh_name_preallocation: true,
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_stack_migration_through_the_proxy_and_a_node_roll() {
+    migration("stack-migrate").await;
+}
+
+/// Annotates (`Some`) or un-annotates (`None`) the CAPI pool `cluster.x-k8s.io/paused`.
+async fn pause_capi_pool(client: &Client, value: Option<&str>) {
+    api(client, CAPI_POOLS, "InClusterIPPool")
+        .patch(
+            CAPI_POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": value}}})),
+        )
+        .await
+        .expect("pause or resume the CAPI pool");
+}
+
+/// Waits until a claim on the CAPI pool waits with `Ready=False` saying `why`; returns its name.
+async fn claim_waiting(client: &Client, why: &str) -> String {
+    eventually(
+        &format!("a claim on the CAPI pool says it waits: {why}"),
+        WAIT,
+        || async {
+            list(client, CAPI_IPAM, "IPAddressClaim")
+                .await
+                .into_iter()
+                .find(|claim| {
+                    let conditions = claim.data["status"]["conditions"].as_array();
+                    conditions.into_iter().flatten().any(|c| {
+                        c["type"] == "Ready"
+                            && c["status"] == "False"
+                            && c["reason"] == "PoolNotReady"
+                            && c["message"].as_str().is_some_and(|m| m.contains(why))
+                    })
+                })
+                .map(|claim| claim.name_any())
+        },
+    )
+    .await
+}
+
+/// A running machine's host deprovisioned by hand (its image removed): CAPM3 gives the host its
+/// image back, the baremetal-operator provisions it again, and the machine keeps every address
+/// and its rendered data.
+async fn deprovision_by_hand(scenario: &Scenario) {
+    let client = &scenario.client;
+    let before = settled(client, 3, "workers-b").await;
+    let claims = pool_allocations(client, CAPI_POOL).await;
+    let (host, given) = before.iter().next().expect("a machine");
+    api(client, BMH, "BareMetalHost")
+        .patch(
+            host,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": null}})),
+        )
+        .await
+        .expect("remove the host's image");
+    // CAPM3 gives the image back at once; whether the baremetal-operator deprovisioned the host
+    // before that is a race, and the states seen say which way it went.
+    let states = Mutex::new(BTreeSet::new());
+    eventually(
+        &format!("{host} has its image back and is provisioned"),
+        WAIT,
+        || async {
+            let bmh = get(client, BMH, "BareMetalHost", host).await?;
+            let state = state(&bmh).map(str::to_string);
+            states.lock().expect("states").extend(state.clone());
+            let wanted = |url: Option<&str>| url.is_some_and(|u| u.ends_with("workers-b.qcow2"));
+            (wanted(bmh.data["spec"]["image"]["url"].as_str())
+                && wanted(bmh.data["status"]["provisioning"]["image"]["url"].as_str())
+                && state.as_deref() == Some("provisioned"))
+            .then_some(())
+        },
+    )
+    .await;
+    let states = states.into_inner().expect("states");
+    let after = settled(client, 3, "workers-b").await;
+    assert_eq!(after.get(host), Some(given), "{host} kept its data");
+    assert_eq!(after, before);
+    assert_eq!(pool_allocations(client, CAPI_POOL).await, claims);
+    scenario.step(&format!(
+        "{host} deprovisioned by hand ({states:?}) and provisioned again"
+    ));
+}
+
+/// Deletes the validating webhook configuration that holds bitpool's pool webhook, as in an
+/// installation without it.
+async fn remove_pool_webhook(client: &Client) {
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let all = configurations
+        .list(&ListParams::default())
+        .await
+        .expect("list the validating webhook configurations");
+    let name = all
+        .items
+        .iter()
+        .find(|c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .any(|w| w.name == "validation.inclusterippool.ipam.cluster.x-k8s.io")
+        })
+        .map(|c| c.name_any())
+        .expect("bitpool's pool webhook is installed");
+    configurations
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete webhook configuration {name}: {e}"));
+}
+
+/// How many machines of machine template `template` are running.
+async fn running_of(client: &Client, template: &str) -> usize {
+    let mut running = 0;
+    for machine in list(client, CAPI, "Machine").await {
+        let Some(m3m) = machine.data["spec"]["infrastructureRef"]["name"].as_str() else {
+            continue;
+        };
+        let from = get(client, V1BETA2, "Metal3Machine", m3m)
+            .await
+            .and_then(|m| {
+                m.annotations()
+                    .get("cluster.x-k8s.io/cloned-from-name")
+                    .cloned()
+            });
+        if machine.data["status"]["phase"] == "Running" && from.as_deref() == Some(template) {
+            running += 1;
+        }
+    }
+    running
+}
+
+/// Faults in the middle of rolls of three machines (bitpool as the IPAM, no preallocation): the
+/// CAPI pool paused as a roll starts — the new machine's claim says why it waits, and the roll
+/// goes on when the pause is lifted; bitpool killed (SIGKILL) and started again once the first
+/// new machine runs; and the CAPI pool deleted as a second roll starts — the pool stays while it
+/// holds addresses, the new claim says it is being deleted, and deleting the Cluster releases
+/// everything, the pool last. No address is lost or held twice on the way.
+async fn faults(name: &str) {
+    let mode = Mode {
+        bitpool_renders: false,
+        bmh_name_preallocation: false,
+    };
+    let mut scenario = Scenario::start(name, mode).await;
+    let client = scenario.client.clone();
+    create_cluster(&scenario.stack, mode, 3).await;
+    scenario.settled(3, "workers-a").await;
+    let held = pool_allocations(&client, CAPI_POOL).await;
+    scenario.step("3 machines deployed");
+
+    pause_capi_pool(&client, Some("")).await;
+    scenario.start_roll("workers-b", DATA_TEMPLATE).await;
+    let waiting = claim_waiting(&client, "is paused (annotation cluster.x-k8s.io/paused)").await;
+    assert_eq!(
+        pool_allocations(&client, CAPI_POOL).await,
+        held,
+        "nothing moved while paused"
+    );
+    pause_capi_pool(&client, None).await;
+    scenario.step(&format!("{waiting} waited on the paused pool"));
+
+    eventually("the first new machine runs", WAIT, || async {
+        (running_of(&client, "workers-b").await > 0).then_some(())
+    })
+    .await;
+    scenario.stack.kill_bitpool();
+    scenario.stack.start_bitpool().await;
+    scenario.settled(3, "workers-b").await;
+    claims_follow_machines(&client, 4).await;
+    scenario.step("rolled with bitpool restarted half way");
+
+    deprovision_by_hand(&scenario).await;
+
+    let held = pool_allocations(&client, CAPI_POOL).await;
+    scenario.start_roll("workers-c", DATA_TEMPLATE).await;
+    let pools = api(&client, CAPI_POOLS, "InClusterIPPool");
+    let refused = pools
+        .delete(CAPI_POOL, &DeleteParams::default())
+        .await
+        .expect_err("the webhook refuses to delete a pool that holds addresses");
+    let claim = held.keys().next().expect("a claim");
+    assert!(
+        refused
+            .to_string()
+            .contains("Cannot delete Pool until all IPAddresses have been removed")
+            && refused.to_string().contains(claim.as_str()),
+        "{refused}"
+    );
+    // Where the webhook is not installed, the pool is marked deleted but keeps its finalizer, and
+    // every address it holds, until each is released.
+    remove_pool_webhook(&client).await;
+    pools
+        .delete(CAPI_POOL, &DeleteParams::default())
+        .await
+        .expect("delete the CAPI pool");
+    let waiting = claim_waiting(&client, "the pool is being deleted").await;
+    assert!(!held.contains_key(&waiting), "{waiting} is a new claim");
+    let still = pool_allocations(&client, CAPI_POOL).await;
+    assert!(
+        held.iter()
+            .all(|(claim, address)| still.get(claim) == Some(address)),
+        "every address held before the pool's deletion is held still: {held:?} {still:?}"
+    );
+    let pool = get(&client, CAPI_POOLS, "InClusterIPPool", CAPI_POOL).await;
+    assert!(
+        pool.is_some_and(|p| p.metadata.deletion_timestamp.is_some()),
+        "the pool stays while it holds addresses"
+    );
+    scenario.step(&format!("{waiting} waited on the deleted pool"));
+    scenario.finish_with(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_stack_faults_in_the_middle_of_rolls() {
+    faults("stack-faults").await;
 }
