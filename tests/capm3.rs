@@ -18,15 +18,15 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
 };
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::plane::Dedicated;
 use support::process::free_port;
-use support::stack::{Manager, manager_args, resource};
+use support::stack::{Manager, manager_args};
 use support::wait::wait_listening;
 use support::webhook::Certs;
-use support::{Bitpool, eventually, read_crds};
+use support::{Bitpool, dynamic, eventually, read_crds};
 
 const NS: &str = "metal3";
 const CLUSTER: &str = "test1";
@@ -47,18 +47,19 @@ fn preallocated(i: usize) -> String {
 }
 
 fn api(client: &Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), NS, &resource(api_version, kind))
+    dynamic::api(client, NS, api_version, kind)
 }
 
-/// Creates `object` (a full manifest) in the test namespace.
 async fn create(client: &Client, object: Value) -> DynamicObject {
-    let api_version = object["apiVersion"].as_str().expect("apiVersion");
-    let kind = object["kind"].as_str().expect("kind");
-    let object: DynamicObject = serde_json::from_value(object.clone()).expect("a manifest");
-    api(client, api_version, kind)
-        .create(&PostParams::default(), &object)
-        .await
-        .unwrap_or_else(|e| panic!("create {kind} {}: {e}", object.name_any()))
+    dynamic::create(client, NS, object).await
+}
+
+async fn get(client: &Client, api_version: &str, kind: &str, name: &str) -> Option<DynamicObject> {
+    dynamic::get(client, NS, api_version, kind, name).await
+}
+
+async fn list(client: &Client, api_version: &str, kind: &str) -> Vec<DynamicObject> {
+    dynamic::list(client, NS, api_version, kind).await
 }
 
 async fn patch_status(client: &Client, api_version: &str, kind: &str, name: &str, status: Value) {
@@ -70,21 +71,6 @@ async fn patch_status(client: &Client, api_version: &str, kind: &str, name: &str
         )
         .await
         .unwrap_or_else(|e| panic!("status of {kind} {name}: {e}"));
-}
-
-async fn get(client: &Client, api_version: &str, kind: &str, name: &str) -> Option<DynamicObject> {
-    api(client, api_version, kind)
-        .get_opt(name)
-        .await
-        .unwrap_or_else(|e| panic!("get {kind} {name}: {e}"))
-}
-
-async fn list(client: &Client, api_version: &str, kind: &str) -> Vec<DynamicObject> {
-    api(client, api_version, kind)
-        .list(&ListParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("list {kind}: {e}"))
-        .items
 }
 
 /// CAPM3's manager with its webhook server (serving its CRDs' conversions) on 127.0.0.1.

@@ -20,8 +20,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::eventually;
-use support::stack::{Kubelet, Options, Stack, resource};
+use support::stack::{Kubelet, Options, Stack};
+use support::{dynamic, eventually};
 
 const NS: &str = "metal3";
 const CLUSTER: &str = "fleet";
@@ -45,35 +45,19 @@ const CAPI_IPAM: &str = "ipam.cluster.x-k8s.io/v1beta2";
 const CAPI_POOLS: &str = "ipam.cluster.x-k8s.io/v1alpha2";
 
 fn api(client: &Client, api_version: &str, kind: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client.clone(), NS, &resource(api_version, kind))
+    dynamic::api(client, NS, api_version, kind)
 }
 
 async fn create(client: &Client, object: Value) -> DynamicObject {
-    let api_version = object["apiVersion"]
-        .as_str()
-        .expect("apiVersion")
-        .to_string();
-    let kind = object["kind"].as_str().expect("kind").to_string();
-    let object: DynamicObject = serde_json::from_value(object).expect("a manifest");
-    api(client, &api_version, &kind)
-        .create(&PostParams::default(), &object)
-        .await
-        .unwrap_or_else(|e| panic!("create {kind} {}: {e}", object.name_any()))
-}
-
-async fn list(client: &Client, api_version: &str, kind: &str) -> Vec<DynamicObject> {
-    api(client, api_version, kind)
-        .list(&ListParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("list {kind}: {e}"))
-        .items
+    dynamic::create(client, NS, object).await
 }
 
 async fn get(client: &Client, api_version: &str, kind: &str, name: &str) -> Option<DynamicObject> {
-    api(client, api_version, kind)
-        .get_opt(name)
-        .await
-        .unwrap_or_else(|e| panic!("get {kind} {name}: {e}"))
+    dynamic::get(client, NS, api_version, kind, name).await
+}
+
+async fn list(client: &Client, api_version: &str, kind: &str) -> Vec<DynamicObject> {
+    dynamic::list(client, NS, api_version, kind).await
 }
 
 fn host(i: usize) -> String {

@@ -1,6 +1,7 @@
 //! Shared set-up for the integration tests, one file per concern: the cluster and a namespace
 //! per test (`env`), CRDs (`crds`), `bitpool run` processes (`process`), waiting (`wait`),
-//! builders of pools and claims (`build`), assertions (`check`); and the rarer parts: a control
+//! builders of pools and claims (`build`), assertions (`check`), objects of any kind as JSON
+//! (`dynamic`); and the rarer parts: a control
 //! plane of a test's own (`plane`), a relay that cuts the API server off (`cut`), webhooks served
 //! to the control plane (`webhook`), and the probe and metrics endpoints (`ops`).
 #![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
@@ -10,6 +11,7 @@ pub mod check;
 pub mod clusterctl;
 pub mod crds;
 pub mod cut;
+pub mod dynamic;
 pub mod env;
 pub mod ops;
 pub mod plane;
