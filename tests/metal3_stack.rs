@@ -21,6 +21,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::stack::{Kubelet, Options, Stack};
+use support::wait::eventually_every;
 use support::{dynamic, eventually};
 
 const NS: &str = "metal3";
@@ -416,9 +417,12 @@ async fn rendered(client: &Client, m3m: &str) -> Option<Rendered> {
 /// with its Node and its host's rendered data, and says all are available; returns what each
 /// host was given.
 async fn settled(client: &Client, replicas: usize, template: &str) -> BTreeMap<String, Rendered> {
-    eventually(
+    // Each look reads every machine, its Metal3Machine, host and secret: once a second is enough
+    // for a state that takes minutes, and five stacks share two cores.
+    eventually_every(
         &format!("{replicas} machines of {template} run, with their data rendered"),
         WAIT,
+        Duration::from_secs(1),
         || async {
             let machines: Vec<_> = list(client, CAPI, "Machine")
                 .await

@@ -13,7 +13,22 @@ use super::check::ready;
 use super::env::Env;
 
 /// Polls `check` until it returns `Some`, or panics after `timeout` with `what` in the message.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_every(what, timeout, Duration::from_millis(100), check).await
+}
+
+/// [`eventually`], polling every `interval`: for checks that read many objects, against states
+/// that take minutes to reach.
+pub async fn eventually_every<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    interval: Duration,
+    mut check: F,
+) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -27,7 +42,7 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(interval).await;
     }
 }
 
