@@ -68,10 +68,11 @@ log=$(mktemp)
 trap 'kill "$conformance_pid" "$stack_pid" 2>/dev/null || true; rm -rf "$log" "$conformance_dir"; [ -n "${stop_plane:-}" ] && hack/control-plane.sh down' EXIT
 set +e
 # --tests: the library's and binaries' unit tests and the integration tests (libtest, which
-# takes --skip); criterion's bench harness takes no such flag, so benches and examples run apart.
+# takes --skip); criterion's bench harness takes no such flag, so the bench targets and examples
+# run apart (by name: --benches would take the library's unit tests again).
 cargo test --tests --no-fail-fast "$@" -- --skip whole_stack_ 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-cargo test --benches --examples --no-fail-fast "$@" 2>&1 | tee -a "$log"
+cargo test --bench '*' --examples --no-fail-fast "$@" 2>&1 | tee -a "$log"
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "== cargo test --test metal3_stack whole_stack_"
 wait "$stack_pid" || status=1
