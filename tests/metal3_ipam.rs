@@ -494,18 +494,16 @@ async fn mixed_claims_racing_on_a_small_pool_never_share_an_address() {
     );
 }
 
-#[tokio::test]
-async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
-    let env = Env::new("m3-proxy").await;
-    let _bitpool = Bitpool::start(env.name(), &[]);
-    // The new CAPI pool, as `bitpool migrate` would write it (the host's old address pinned).
+/// The InClusterIPPool `new-pool` (a /24 of `addresses`) as `bitpool migrate` writes it: claim
+/// `node-0-bmv4`'s address pinned to `pinned`.
+async fn migrated_pool(env: &Env, addresses: &str, gateway: &str, pinned: &str) {
     let target = bitpool::api::capi_pools::InClusterIPPool {
         metadata: env.meta("new-pool"),
         spec: bitpool::api::capi_pools::InClusterIPPoolSpec {
-            addresses: vec!["10.50.0.0/24".into()],
+            addresses: vec![addresses.into()],
             prefix: 24,
-            gateway: Some("10.50.0.1".into()),
-            pre_allocations: BTreeMap::from([("node-0-bmv4".into(), "10.50.0.77".into())]),
+            gateway: Some(gateway.into()),
+            pre_allocations: BTreeMap::from([("node-0-bmv4".into(), pinned.into())]),
             ..Default::default()
         },
         status: None,
@@ -514,6 +512,14 @@ async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
         .create(&PostParams::default(), &target)
         .await
         .expect("create InClusterIPPool");
+}
+
+#[tokio::test]
+async fn a_proxy_pool_serves_ipclaims_from_a_capi_pool_and_releases_them() {
+    let env = Env::new("m3-proxy").await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    // The new CAPI pool, as `bitpool migrate` would write it (the host's old address pinned).
+    migrated_pool(&env, "10.50.0.0/24", "10.50.0.1", "10.50.0.77").await;
     let mut proxy = pool_spec(vec![]);
     proxy.name_prefix = "test1-bmv4".into();
     proxy.dns_servers = vec!["10.50.0.53".into()];
@@ -597,28 +603,14 @@ async fn a_pool_switched_to_the_proxy_in_place_drops_its_own_ledger() {
     let _bitpool = Bitpool::start(env.name(), &[]);
     let mut own = pool_spec(vec![range("10.60.0.10", "10.60.0.20")]);
     own.name_prefix = "test1-bmv4".into();
-    metal3_pool(&env, "bmv4", own.clone()).await;
+    metal3_pool(&env, "bmv4", own).await;
     create(&env.api(), &ipclaim_object(&env, "node-0-bmv4", "bmv4")).await;
     let served = env.allocated("node-0-bmv4").await;
     assert_eq!(served.spec.address, "10.60.0.10");
     assert!(env.ledger("IPPool", "bmv4").await.is_some());
 
     // The new pool, as `bitpool migrate` writes it: the claim's address pinned.
-    let target = bitpool::api::capi_pools::InClusterIPPool {
-        metadata: env.meta("new-pool"),
-        spec: bitpool::api::capi_pools::InClusterIPPoolSpec {
-            addresses: vec!["10.60.0.10-10.60.0.20".into()],
-            prefix: 24,
-            gateway: Some("192.168.0.1".into()),
-            pre_allocations: BTreeMap::from([("node-0-bmv4".into(), "10.60.0.10".into())]),
-            ..Default::default()
-        },
-        status: None,
-    };
-    env.api::<bitpool::api::capi_pools::InClusterIPPool>()
-        .create(&PostParams::default(), &target)
-        .await
-        .expect("create InClusterIPPool");
+    migrated_pool(&env, "10.60.0.10-10.60.0.20", "192.168.0.1", "10.60.0.10").await;
     env.api::<IPPool>()
         .patch(
             "bmv4",
