@@ -160,6 +160,7 @@ pub async fn run(
     };
     tracing::info!(namespace = ?settings.namespace, watch_filter = ?settings.watch_filter, groups = ?settings.groups, "controllers started");
     let ipam_ctx = Arc::new(ipam::Context::new(ctx.clone()));
+    tokio::spawn(ipam::sweep::run(ipam_ctx.clone()));
     future::join(controllers.run(&ctx, &ipam_ctx), stop_on_shutdown).await;
 }
 
@@ -256,8 +257,8 @@ where
     Some(controller)
 }
 
-/// The pools a Cluster's pause and unpause concern: those its claims name, and the Metal3
-/// IPPools that name it.
+/// The pools a Cluster's pause and unpause concern: those its claims name, the namespaced pools
+/// of its namespace (a move hands them over), and the Metal3 IPPools that name it.
 fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = PoolKey> {
     let namespace = cluster.meta().namespace.clone();
     let name = cluster.meta().name.clone();
@@ -285,5 +286,38 @@ fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = Po
             })
         })
         .collect();
-    of_claims.into_iter().chain(of_pools)
+    of_claims
+        .into_iter()
+        .chain(of_pools)
+        .chain(namespace.map(|ns| pools_in(ctx, &ns)).into_iter().flatten())
+}
+
+/// The namespaced pools of `namespace`, of every kind: a move of the namespace pauses its
+/// Clusters, and each pool hands its ledger over then ([`ipam::moving`]).
+fn pools_in(ctx: &Context, namespace: &str) -> Vec<PoolKey> {
+    fn keys<K>(store: &Store<K>, kind: PoolKind, namespace: &str) -> Vec<PoolKey>
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        store
+            .state()
+            .iter()
+            .filter(|p| p.meta().namespace.as_deref() == Some(namespace))
+            .filter_map(|p| {
+                Some(PoolKey {
+                    kind,
+                    namespace: Some(namespace.to_string()),
+                    name: p.meta().name.clone()?,
+                })
+            })
+            .collect()
+    }
+    let mut pools = keys(&ctx.pools, PoolKind::InClusterIPPool, namespace);
+    pools.extend(keys(
+        &ctx.prefix_pools,
+        PoolKind::InClusterPrefixPool,
+        namespace,
+    ));
+    pools.extend(keys(&ctx.ippools, PoolKind::Metal3IPPool, namespace));
+    pools
 }

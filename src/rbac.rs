@@ -188,7 +188,11 @@ pub const BAREMETAL_DEFAULT: Groups = Groups {
 /// The rules in bitpool's own namespace: the pools' ledgers and the leader lease.
 fn namespace_rules() -> Vec<Rule> {
     vec![
-        rule("", &["configmaps"], &["get", "create", "update", "delete"]),
+        rule(
+            "",
+            &["configmaps"],
+            &["get", "list", "create", "update", "delete"],
+        ),
         rule(
             "coordination.k8s.io",
             &["leases"],

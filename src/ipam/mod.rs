@@ -12,9 +12,11 @@
 //!   rebuilt and committed;
 //! - [`duplicates`] and [`overlaps`]: addresses held twice and pools that meet, as pure
 //!   functions;
+//! - [`moving`]: a pool's ledger handed over with the pool by `clusterctl move`;
 //! - [`proxy`]: Metal3 IPPools that serve their IPClaims from a CAPI pool (migration);
 //! - [`claims`]: claims of either kind whose pool does not exist;
 //! - [`spec`]: pool specs as the allocation core reads them;
+//! - [`sweep`]: ledgers whose pool went without its finalizer;
 //! - [`context`]: the runtime's context and what the engine remembers between reconciles.
 
 pub mod capi;
@@ -28,10 +30,12 @@ pub mod key;
 pub mod kinds;
 pub mod ledger;
 pub mod metal3;
+pub mod moving;
 pub mod overlaps;
 pub mod prefix;
 pub mod proxy;
 pub mod spec;
+pub mod sweep;
 pub mod transaction;
 
 pub use context::{CachedSpace, Context};

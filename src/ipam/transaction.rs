@@ -266,6 +266,7 @@ pub async fn commit<P: PoolDialect>(
         let written = if next == stored.ledger {
             Some(stored.clone())
         } else {
+            super::moving::cover(pool, ctx, &stored.ledger, &next).await?;
             ledger_ref.replace(stored.version(), &next).await?
         };
         let Some(written) = written else {

@@ -24,6 +24,7 @@ use crate::api::metal3_ipam::{self, IPClaim, IPPool, Metal3IPAddress};
 use crate::ipam::dialect::{AddressKinds, listed_addresses};
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
+use crate::ipam::moving;
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.
@@ -370,7 +371,14 @@ impl Webhooks {
         kind: PoolKind,
         namespace: Option<String>,
     ) -> Verdict {
-        if annotated(request.old_object.as_ref(), SKIP_DELETE_CHECK_ANNOTATION) {
+        let moved = [
+            SKIP_DELETE_CHECK_ANNOTATION,
+            moving::DELETE_FOR_MOVE_ANNOTATION,
+        ];
+        if moved
+            .iter()
+            .any(|a| annotated(request.old_object.as_ref(), a))
+        {
             return Ok(Vec::new());
         }
         if let Some(ns) = &namespace

@@ -227,7 +227,7 @@ pub(super) async fn vanished_reservations(
 
 /// Addresses the ledger holds with neither a reservation nor an object. Once that has been
 /// seen for [`ORPHAN_GRACE`], a fresh list of the pool's address objects decides which are
-/// leaked.
+/// leaked; not while a move brings the pool's objects in.
 pub(super) async fn unexplained<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
@@ -235,6 +235,10 @@ pub(super) async fn unexplained<P: PoolDialect>(
     addresses: &AddressIndex,
 ) -> Result<Vec<IpAddr>, Error> {
     let key = pool.key();
+    // A pool that arrived by a move has objects still on their way.
+    if crate::ipam::moving::arriving(pool.meta()) {
+        return Ok(Vec::new());
+    }
     let held: HashSet<IpAddr> = addresses.values().filter_map(|a| pool.held(a)).collect();
     let unexplained = |ip: &IpAddr, held: &HashSet<IpAddr>| {
         !held.contains(ip) && !ledger.pending.contains_key(&ip.to_string())

@@ -38,7 +38,7 @@ use super::dialect::{Outcomes, PoolDialect};
 use super::duplicates::SharedAddress;
 use super::intent::Intent;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
-use super::transaction;
+use super::{moving, transaction};
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -186,10 +186,13 @@ struct Round<'a, P> {
     spec_error: Option<String>,
 }
 
-/// What stops a reconcile before it reads anything: a paused pool (which only protects its
-/// claims), a paused Cluster, a pool being deleted that is already let go, and the pool's own
-/// finalizer and metadata.
+/// What stops a reconcile before it reads anything: a move under way ([`moving`]), a paused
+/// pool (which only protects its claims), a paused Cluster, a pool being deleted that is
+/// already let go, and the pool's own finalizer and metadata.
 async fn gate<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option<Action>, Error> {
+    if let Some(action) = moving::step(pool, ctx).await? {
+        return Ok(Some(action));
+    }
     if objects::is_paused(pool.meta()) {
         return read::protect_claims(pool, ctx).await.map(Some);
     }

@@ -322,7 +322,7 @@ pub(super) fn next_check(
 }
 
 /// A pool being deleted keeps its finalizer while any address object refers to it, unless it
-/// carries the skip annotation (for `clusterctl move`).
+/// carries the skip annotation or clusterctl's delete-for-move.
 pub(super) async fn finish_pool_deletion<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
@@ -330,7 +330,8 @@ pub(super) async fn finish_pool_deletion<P: PoolDialect>(
     let api = pool.api_for(ctx.client.clone());
     let skip = pool
         .annotations()
-        .contains_key(crate::api::capi_pools::SKIP_DELETE_CHECK_ANNOTATION);
+        .contains_key(crate::api::capi_pools::SKIP_DELETE_CHECK_ANNOTATION)
+        || crate::ipam::moving::leaving(pool.meta());
     let in_use = fresh_pool_addresses(pool, ctx).await?.len();
     if in_use > 0 && !skip {
         let message = format!(

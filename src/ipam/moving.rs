@@ -1,0 +1,492 @@
+//! `clusterctl move`: a namespaced pool's ledger travels with the pool.
+//!
+//! clusterctl moves a namespace's pools, claims and address objects, but not the ledger (it
+//! lives in bitpool's own namespace, out of tenants' reach), and the pool arrives with a new UID.
+//! Rebuilt from the address objects as they arrive, the target's ledger would be fenced, and
+//! until the last object has arrived it would not hold every address the moved objects take.
+//! So the ledger goes with the pool, in three steps clusterctl already has:
+//!
+//! 1. **Block**: a namespaced pool in a namespace with Clusters carries clusterctl's
+//!    [`BLOCK_MOVE_ANNOTATION`], so that a move waits for bitpool once it has paused the
+//!    Clusters.
+//! 2. **Hand over**: once every Cluster of the namespace is paused and no reservation can still
+//!    land, bitpool writes the ledger's bitmaps onto the pool ([`HANDOVER_ANNOTATION`]) and lifts
+//!    the block in the same patch. The pool goes on serving claims that no paused Cluster holds
+//!    back, and each ledger write that adds an address is preceded by one that adds it to the
+//!    hand-over ([`cover`]): a copy taken at any instant holds every address the ledger does. If
+//!    the Clusters are unpaused without a move, the block comes back and the hand-over goes.
+//! 3. **Arrive**: a pool whose hand-over names another pool's UID is a copy. Its ledger is
+//!    created from the hand-over, with no fence (no bitpool process reserved anything in this
+//!    pool), and the hand-over is replaced by [`MOVED_IN_ANNOTATION`], naming the Clusters that
+//!    were paused. Until they are all here and unpaused (clusterctl's last step), addresses no
+//!    object holds yet are not swept: their objects are still on their way.
+//!
+//! On the source, clusterctl marks each object [`DELETE_FOR_MOVE_ANNOTATION`] before deleting
+//! it: such a pool's ledger is deleted with it and its deletion is not refused.
+//!
+//! Cluster-scoped pools are global objects to clusterctl: copied unless the target has one of
+//! the name, and never deleted on the source. They are not handed over (two management clusters
+//! would then serve one range); a copy is rebuilt from its address objects, fenced.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use serde::{Deserialize, Serialize};
+
+use super::Context;
+use super::dialect::PoolDialect;
+use super::intent;
+use super::ledger::{Ledger, Loaded};
+use super::transaction;
+use crate::alloc::set::AddressSet;
+use crate::runtime::error::Error;
+use crate::runtime::objects;
+
+/// clusterctl waits, after pausing the Clusters, until no object it moves carries this.
+pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
+/// clusterctl sets this (alone: it replaces every other annotation) on each source object
+/// before deleting it.
+pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+/// The ledger handed over for a move ([`Handover`], JSON).
+pub const HANDOVER_ANNOTATION: &str = "ipam.bitpool.dev/handover";
+/// On a pool that arrived by a move, until the move is over ([`MovedIn`], JSON).
+pub const MOVED_IN_ANNOTATION: &str = "ipam.bitpool.dev/moved-in";
+/// The most a hand-over may take: the API server allows 256 KiB of annotations in all.
+pub const MAX_HANDOVER_BYTES: usize = 192 * 1024;
+/// How often a handed-over pool, or one waiting for reservations to land, looks again.
+const RECHECK: Duration = Duration::from_secs(5);
+
+/// A pool's ledger, as it travels on the pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Handover {
+    /// The UID of the pool the ledger was written for: a pool with another UID is a copy.
+    pub pool_uid: String,
+    /// The ledger's bitmaps, as the ledger stores them.
+    pub ipv4: ByteString,
+    pub ipv6: ByteString,
+    /// The Clusters of the namespace, paused for the move.
+    pub clusters: Vec<String>,
+}
+
+impl Handover {
+    pub fn of(ledger: &Ledger, pool_uid: &str, clusters: Vec<String>) -> Self {
+        Self {
+            pool_uid: pool_uid.to_string(),
+            ipv4: ByteString(ledger.v4.to_bytes()),
+            ipv6: ByteString(ledger.v6.to_bytes()),
+            clusters,
+        }
+    }
+
+    /// The ledger it carries: every address allocated at the hand-over, none reserved.
+    pub fn ledger(&self) -> Result<Ledger, String> {
+        let decode = |bytes: &ByteString, family: &str| {
+            AddressSet::from_bytes(&bytes.0).map_err(|e| format!("{family}: {e}"))
+        };
+        Ok(Ledger {
+            v4: decode(&self.ipv4, "ipv4")?,
+            v6: decode(&self.ipv6, "ipv6")?,
+            ..Ledger::default()
+        })
+    }
+}
+
+/// What a moved pool waits for before it sweeps addresses no object holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MovedIn {
+    pub clusters: Vec<String>,
+}
+
+/// What the move steps are decided from.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub pool_uid: String,
+    /// Namespaced pools only are moved with their ledger.
+    pub namespaced: bool,
+    pub blocking: bool,
+    pub leaving: bool,
+    /// The pool is paused (`cluster.x-k8s.io/paused`): bitpool writes nothing on it.
+    pub paused: bool,
+    pub handover: Option<Handover>,
+    pub moved_in: Option<MovedIn>,
+    /// The Clusters of the pool's namespace, by name, and whether each is paused.
+    pub clusters: BTreeMap<String, bool>,
+}
+
+/// The move step a pool is at.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// Nothing to write: the pool is served as usual.
+    Serve,
+    /// Handed over here: served as usual, every new address covered by the hand-over first.
+    HandedOver,
+    /// Set (or lift) the block, and drop a hand-over written here.
+    Block(bool),
+    /// Hand the ledger over, for these Clusters.
+    HandOver(Vec<String>),
+    /// A copy: its ledger from the hand-over.
+    Arrive(Handover),
+    /// The move that brought the pool is over.
+    Settle,
+    /// clusterctl is deleting the pool after moving it: its ledger goes.
+    Leave,
+}
+
+/// The move step of a pool (pure).
+pub fn plan(seen: &Seen) -> Step {
+    if seen.leaving {
+        return Step::Leave;
+    }
+    // A paused pool takes no part: one that blocks a move keeps blocking it until resumed.
+    if seen.paused {
+        return Step::Serve;
+    }
+    if let Some(handover) = seen
+        .handover
+        .as_ref()
+        .filter(|h| h.pool_uid != seen.pool_uid)
+    {
+        return Step::Arrive(handover.clone());
+    }
+    if let Some(moved_in) = &seen.moved_in {
+        let over = moved_in
+            .clusters
+            .iter()
+            .all(|c| seen.clusters.get(c) == Some(&false));
+        return if over { Step::Settle } else { Step::Serve };
+    }
+    let handed_over = seen.handover.is_some();
+    let all_paused = !seen.clusters.is_empty() && seen.clusters.values().all(|paused| *paused);
+    match (seen.namespaced && !seen.clusters.is_empty(), all_paused) {
+        (true, true) if handed_over => Step::HandedOver,
+        (true, true) => Step::HandOver(seen.clusters.keys().cloned().collect()),
+        (true, false) if !seen.blocking || handed_over => Step::Block(true),
+        (false, _) if seen.blocking || handed_over => Step::Block(false),
+        _ => Step::Serve,
+    }
+}
+
+/// Whether sweeps of addresses no object holds wait: the pool's objects are still arriving.
+pub fn arriving(meta: &kube::api::ObjectMeta) -> bool {
+    annotation(meta, MOVED_IN_ANNOTATION).is_some()
+}
+
+/// Whether clusterctl is deleting this object after moving it.
+pub fn leaving(meta: &kube::api::ObjectMeta) -> bool {
+    annotation(meta, DELETE_FOR_MOVE_ANNOTATION).is_some()
+}
+
+fn annotation<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// What a pool's annotations and its namespace's Clusters say. An unreadable hand-over or mark
+/// is taken as absent: it is rewritten or removed by the step that follows.
+fn seen<P: PoolDialect>(pool: &P, ctx: &Context) -> Seen {
+    let meta = pool.meta();
+    let namespace = pool.namespace();
+    let parse = |key: &str| annotation(meta, key);
+    let clusters = match (&namespace, &ctx.clusters) {
+        (Some(ns), Some(clusters)) => clusters
+            .state()
+            .iter()
+            .filter(|c| c.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .filter_map(|c| Some((c.metadata.name.clone()?, objects::cluster_is_paused(c))))
+            .collect(),
+        _ => BTreeMap::new(),
+    };
+    Seen {
+        pool_uid: pool.uid().unwrap_or_default(),
+        namespaced: namespace.is_some(),
+        blocking: parse(BLOCK_MOVE_ANNOTATION).is_some(),
+        leaving: leaving(meta),
+        paused: objects::is_paused(meta),
+        handover: parse(HANDOVER_ANNOTATION).and_then(|text| serde_json::from_str(text).ok()),
+        moved_in: parse(MOVED_IN_ANNOTATION).and_then(|text| serde_json::from_str(text).ok()),
+        clusters,
+    }
+}
+
+/// Takes the pool's move step; `Some` when the reconcile ends here.
+pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option<Action>, Error> {
+    let seen = seen(pool, ctx);
+    let api = pool.api_for(ctx.client.clone());
+    let name = pool.name_any();
+    let annotate =
+        |changes: serde_json::Value| serde_json::json!({"metadata": {"annotations": changes}});
+    match plan(&seen) {
+        Step::Serve => Ok(None),
+        Step::HandedOver => Ok(None),
+        Step::Block(block) => {
+            let changes = serde_json::json!({
+                BLOCK_MOVE_ANNOTATION: block.then_some(""),
+                HANDOVER_ANNOTATION: null,
+            });
+            objects::merge_patch(&api, &name, annotate(changes)).await?;
+            Ok(None)
+        }
+        Step::HandOver(clusters) => hand_over(pool, ctx, seen.pool_uid, clusters).await,
+        Step::Arrive(handover) => {
+            arrive(pool, ctx, &handover).await?;
+            let moved_in = MovedIn {
+                clusters: handover.clusters,
+            };
+            let changes = serde_json::json!({
+                HANDOVER_ANNOTATION: null,
+                MOVED_IN_ANNOTATION: serde_json::to_string(&moved_in).unwrap_or_default(),
+            });
+            objects::merge_patch(&api, &name, annotate(changes)).await?;
+            tracing::info!(pool = %pool.key().describe(), "the pool arrived by clusterctl move; its ledger came with it");
+            Ok(None)
+        }
+        Step::Settle => {
+            objects::merge_patch(
+                &api,
+                &name,
+                annotate(serde_json::json!({MOVED_IN_ANNOTATION: null})),
+            )
+            .await?;
+            Ok(None)
+        }
+        Step::Leave => {
+            transaction::forget(pool, ctx).await?;
+            tracing::info!(pool = %pool.key().describe(), "the pool was moved away by clusterctl; its ledger here is deleted");
+            // clusterctl strips the finalizers itself; one that did not is let go here.
+            if pool.meta().deletion_timestamp.is_some() {
+                objects::remove_finalizer(&api, pool, P::FINALIZER).await?;
+            }
+            Ok(Some(Action::await_change()))
+        }
+    }
+}
+
+/// Before a ledger write that adds addresses to a pool handed over here, the hand-over takes
+/// them: it must hold every address the ledger holds, whenever clusterctl copies the pool. (What
+/// it holds beyond, released meanwhile, a copy frees once its move is over.) Pools not handed
+/// over cost a look at one annotation.
+pub async fn cover<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    before: &Ledger,
+    next: &Ledger,
+) -> Result<(), Error> {
+    let Some(mut handover) = annotation(pool.meta(), HANDOVER_ANNOTATION)
+        .and_then(|text| serde_json::from_str::<Handover>(text).ok())
+        .filter(|h| Some(&h.pool_uid) == pool.meta().uid.as_ref())
+    else {
+        return Ok(());
+    };
+    let mut added = next.addresses().filter(|a| !before.contains(*a)).peekable();
+    if added.peek().is_none() {
+        return Ok(());
+    }
+    let mut covered = handover.ledger().unwrap_or_default();
+    for address in next.addresses() {
+        covered.insert(address);
+    }
+    handover.ipv4 = ByteString(covered.v4.to_bytes());
+    handover.ipv6 = ByteString(covered.v6.to_bytes());
+    let text = serde_json::to_string(&handover).unwrap_or_default();
+    let annotations = match text.len() > MAX_HANDOVER_BYTES {
+        // Too large to travel: the move is blocked again, and says so in the log.
+        true => {
+            tracing::warn!(pool = %pool.key().describe(), bytes = text.len(), "the pool's ledger grew too large to travel with it; blocking clusterctl move again");
+            serde_json::json!({BLOCK_MOVE_ANNOTATION: "", HANDOVER_ANNOTATION: null})
+        }
+        false => serde_json::json!({ HANDOVER_ANNOTATION: text }),
+    };
+    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+    objects::merge_patch(&pool.api_for(ctx.client.clone()), &pool.name_any(), patch).await
+}
+
+/// Writes the ledger onto the pool and lifts the block, once no reservation can still land (a
+/// create that lands after clusterctl has listed the namespace would not be moved).
+async fn hand_over<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    pool_uid: String,
+    clusters: Vec<String>,
+) -> Result<Option<Action>, Error> {
+    let ledger_ref = transaction::ledger_of(pool, ctx);
+    let ledger = match ledger_ref.load().await? {
+        Loaded::Found(stored) => stored.ledger,
+        Loaded::Missing => Ledger::default(),
+        // Left for the engine to rebuild once the Clusters are unpaused; the move waits.
+        Loaded::Untrusted { reason, .. } => {
+            tracing::warn!(pool = %pool.key().describe(), %reason, "not handing over a ledger that cannot be trusted");
+            return Ok(Some(Action::requeue(RECHECK)));
+        }
+    };
+    let now = objects::now().0.to_string();
+    if !ledger
+        .pending
+        .values()
+        .all(|r| intent::no_create_can_land(r, &now))
+    {
+        return Ok(Some(Action::requeue(RECHECK)));
+    }
+    let handover =
+        serde_json::to_string(&Handover::of(&ledger, &pool_uid, clusters)).unwrap_or_default();
+    if handover.len() > MAX_HANDOVER_BYTES {
+        tracing::warn!(pool = %pool.key().describe(), bytes = handover.len(), "the pool's ledger is too large to travel with it; the move stays blocked");
+        return Ok(Some(Action::requeue(RECHECK)));
+    }
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        BLOCK_MOVE_ANNOTATION: null,
+        HANDOVER_ANNOTATION: handover,
+    }}});
+    objects::merge_patch(&pool.api_for(ctx.client.clone()), &pool.name_any(), patch).await?;
+    tracing::info!(pool = %pool.key().describe(), "every Cluster of the namespace is paused: the pool's ledger is handed over for clusterctl move");
+    Ok(Some(Action::requeue(RECHECK)))
+}
+
+/// Creates a copied pool's ledger from its hand-over (once: a ledger already there is this
+/// pool's, written by an earlier reconcile).
+async fn arrive<P: PoolDialect>(pool: &P, ctx: &Context, handover: &Handover) -> Result<(), Error> {
+    let ledger_ref = transaction::ledger_of(pool, ctx);
+    let ledger = match handover.ledger() {
+        Ok(ledger) => ledger,
+        // The engine rebuilds it from the address objects, fenced (the pool carries its mark).
+        Err(reason) => {
+            tracing::warn!(pool = %pool.key().describe(), %reason, "the ledger handed over with the pool cannot be read");
+            return Ok(());
+        }
+    };
+    let written = match ledger_ref.load().await? {
+        Loaded::Found(_) => return Ok(()),
+        Loaded::Missing => match ledger_ref.create(&ledger).await {
+            Err(Error::LedgerNamespaceMissing(ns)) => {
+                transaction::ensure_namespace(&ctx.client, &ns).await?;
+                ledger_ref.create(&ledger).await?
+            }
+            other => other?,
+        },
+        Loaded::Untrusted {
+            resource_version, ..
+        } => {
+            ledger_ref
+                .replace(resource_version.as_deref(), &ledger)
+                .await?
+        }
+    };
+    match written {
+        Some(_) => Ok(()),
+        None => Err(Error::LedgerContention {
+            ledger: ledger_ref.describe(),
+            attempts: 1,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handover(uid: &str) -> Handover {
+        Handover::of(&Ledger::default(), uid, vec!["c1".into()])
+    }
+
+    fn seen(clusters: &[(&str, bool)]) -> Seen {
+        Seen {
+            pool_uid: "uid".into(),
+            namespaced: true,
+            clusters: clusters.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
+            ..Seen::default()
+        }
+    }
+
+    #[test]
+    fn a_pool_is_blocked_while_its_clusters_run_and_handed_over_once_all_are_paused() {
+        let running = seen(&[("c1", false), ("c2", true)]);
+        assert_eq!(plan(&running), Step::Block(true));
+        let blocked = Seen {
+            blocking: true,
+            ..seen(&[("c1", false)])
+        };
+        assert_eq!(plan(&blocked), Step::Serve);
+        let paused = Seen {
+            blocking: true,
+            ..seen(&[("c1", true), ("c2", true)])
+        };
+        assert_eq!(
+            plan(&paused),
+            Step::HandOver(vec!["c1".into(), "c2".into()])
+        );
+        let handed = Seen {
+            handover: Some(handover("uid")),
+            ..seen(&[("c1", true)])
+        };
+        assert_eq!(plan(&handed), Step::HandedOver);
+        // Unpaused without a move: blocked again, the hand-over dropped.
+        let resumed = Seen {
+            handover: Some(handover("uid")),
+            ..seen(&[("c1", false)])
+        };
+        assert_eq!(plan(&resumed), Step::Block(true));
+    }
+
+    #[test]
+    fn pools_no_move_pauses_and_paused_pools_are_left_as_they_are() {
+        assert_eq!(plan(&seen(&[])), Step::Serve);
+        let left_blocked = Seen {
+            blocking: true,
+            ..seen(&[])
+        };
+        assert_eq!(plan(&left_blocked), Step::Block(false));
+        let global = Seen {
+            namespaced: false,
+            ..seen(&[("c1", true)])
+        };
+        assert_eq!(plan(&global), Step::Serve);
+        let paused = Seen {
+            paused: true,
+            blocking: true,
+            ..seen(&[("c1", true)])
+        };
+        assert_eq!(plan(&paused), Step::Serve);
+    }
+
+    #[test]
+    fn a_copy_arrives_then_settles_when_its_clusters_are_unpaused() {
+        let copy = Seen {
+            handover: Some(handover("source")),
+            ..seen(&[])
+        };
+        assert_eq!(plan(&copy), Step::Arrive(handover("source")));
+        let moved_in = |clusters| Seen {
+            moved_in: Some(MovedIn {
+                clusters: vec!["c1".into()],
+            }),
+            ..seen(clusters)
+        };
+        assert_eq!(plan(&moved_in(&[])), Step::Serve, "c1 not here yet");
+        assert_eq!(plan(&moved_in(&[("c1", true)])), Step::Serve);
+        assert_eq!(plan(&moved_in(&[("c1", false)])), Step::Settle);
+        let leaving = Seen {
+            leaving: true,
+            handover: Some(handover("uid")),
+            ..seen(&[("c1", true)])
+        };
+        assert_eq!(plan(&leaving), Step::Leave);
+    }
+
+    #[test]
+    fn a_handover_carries_the_ledgers_addresses_and_no_reservation() {
+        let mut ledger = Ledger::from_addresses(["10.0.0.1".parse().unwrap()]);
+        ledger.insert("fd00::7".parse().unwrap());
+        let text = serde_json::to_string(&Handover::of(&ledger, "u", vec![])).unwrap();
+        let back: Handover = serde_json::from_str(&text).unwrap();
+        let carried = back.ledger().unwrap();
+        assert_eq!(
+            carried.addresses().collect::<Vec<_>>(),
+            ledger.addresses().collect::<Vec<_>>()
+        );
+        assert!(carried.pending.is_empty());
+    }
+}
