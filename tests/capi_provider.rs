@@ -13,6 +13,7 @@ use bitpool::api::capi_pools::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec,
 };
 use bitpool::api::{AllocationStrategy, labels};
+use bitpool::ipam::moving;
 use bitpool::runtime::WATCH_FILTER_LABEL;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -33,6 +34,7 @@ trait CapiEnv {
     fn claims(&self) -> Api<IPAddressClaim>;
     fn addresses(&self) -> Api<IPAddress>;
     async fn cluster(&self, name: &str, paused: bool);
+    async fn pause_cluster(&self, name: &str, paused: bool);
     async fn pause_pool(&self, name: &str, paused: bool);
     async fn wait_ready(&self, name: &str, status: &str, reason: Option<&str>) -> IPAddressClaim;
     async fn address(&self, name: &str) -> IPAddress;
@@ -71,6 +73,18 @@ impl CapiEnv for Env {
             .create(&PostParams::default(), &cluster)
             .await
             .expect("create cluster");
+    }
+
+    /// Sets the Cluster's `spec.paused`.
+    async fn pause_cluster(&self, name: &str, paused: bool) {
+        Api::<Cluster>::namespaced(self.client.clone(), self.name())
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"paused": paused}})),
+            )
+            .await
+            .expect("pause or resume the Cluster");
     }
 
     /// Sets or removes the pool's pause annotation.
@@ -416,14 +430,7 @@ async fn paused_clusters_claims_and_pools_are_skipped_until_resumed() {
         );
     }
 
-    Api::<Cluster>::namespaced(env.client.clone(), env.name())
-        .patch(
-            "paused",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": false}})),
-        )
-        .await
-        .expect("unpause");
+    env.pause_cluster("paused", false).await;
     env.wait_ready("by-cluster", "True", None).await;
     env.claims()
         .patch(
@@ -1064,4 +1071,140 @@ async fn the_api_server_bounds_bitpools_extensions() {
         pools.create(&PostParams::default(), &dns).await,
         "spec.dnsServers",
     );
+}
+
+/// The pool's annotations as the server has them.
+async fn pool_annotations(env: &Env, pool: &str) -> BTreeMap<String, String> {
+    env.pools()
+        .get(pool)
+        .await
+        .expect("the pool")
+        .metadata
+        .annotations
+        .unwrap_or_default()
+}
+
+/// The addresses a hand-over carries, as text.
+fn handed_over(annotations: &BTreeMap<String, String>) -> Option<BTreeSet<String>> {
+    let text = annotations.get(moving::HANDOVER_ANNOTATION)?;
+    let handover: moving::Handover = serde_json::from_str(text).expect("a hand-over");
+    let ledger = handover.ledger().expect("readable bitmaps");
+    Some(ledger.addresses().map(|a| a.to_string()).collect())
+}
+
+/// clusterctl move's handshake, played by hand on one plane (tests/metal3_stack.rs runs the real
+/// clusterctl): a pool blocks the move while its namespace's Cluster runs; once it is paused the
+/// ledger is handed over on the pool, which goes on serving claims no paused Cluster holds back,
+/// each address in the hand-over before it is handed out; a copy of the pool elsewhere starts its
+/// ledger from the hand-over (no fence) and waits for its Clusters before sweeping; the source,
+/// marked delete-for-move and deleted, lets the pool and its ledger go.
+#[tokio::test]
+async fn a_pools_ledger_travels_with_it_through_clusterctl_moves_handshake() {
+    let env = Env::new("capi-move").await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let spec = capi_spec(&["10.6.0.1-10.6.0.50"], 24);
+    capi_pool(&env, "pool", spec.clone()).await;
+    env.cluster("fleet", false).await;
+    let mut held = claim_object(&env, "held", "InClusterIPPool", "pool");
+    held.spec.cluster_name = Some("fleet".into());
+    create_claim(&env, held).await;
+    env.wait_ready("held", "True", None).await;
+    let held = env.address("held").await.spec.address;
+    eventually("the pool blocks clusterctl move", WAIT, || async {
+        let annotations = pool_annotations(&env, "pool").await;
+        annotations
+            .contains_key(moving::BLOCK_MOVE_ANNOTATION)
+            .then_some(())
+    })
+    .await;
+
+    env.pause_cluster("fleet", true).await;
+    let carried = eventually("the ledger is handed over", WAIT, || async {
+        let annotations = pool_annotations(&env, "pool").await;
+        let blocked = annotations.contains_key(moving::BLOCK_MOVE_ANNOTATION);
+        handed_over(&annotations).filter(|_| !blocked)
+    })
+    .await;
+    assert_eq!(carried, BTreeSet::from([held.clone()]));
+    claim(&env, "free", "InClusterIPPool", "pool").await;
+    env.wait_ready("free", "True", None).await;
+    let free = env.address("free").await.spec.address;
+    let carried = handed_over(&pool_annotations(&env, "pool").await).expect("a hand-over");
+    assert_eq!(carried, BTreeSet::from([held.clone(), free.clone()]));
+
+    // A copy, as clusterctl makes it: the same annotations on a new pool elsewhere.
+    let target = Env::new("capi-move-target").await;
+    let _target_bitpool = Bitpool::start(target.name(), &[]);
+    target.cluster("fleet", true).await;
+    let mut copy = InClusterIPPool {
+        metadata: target.meta("pool"),
+        spec,
+        status: None,
+    };
+    copy.metadata.annotations = Some(pool_annotations(&env, "pool").await);
+    target
+        .pools()
+        .create(&PostParams::default(), &copy)
+        .await
+        .expect("create the copy");
+    claim(&target, "new", "InClusterIPPool", "pool").await;
+    target.wait_ready("new", "True", None).await;
+    let new = target.address("new").await.spec.address;
+    assert!(
+        ![&held, &free].contains(&&new),
+        "{new} was handed out on the source"
+    );
+    let ledger = target
+        .ledger("InClusterIPPool", "pool")
+        .await
+        .expect("the copy's ledger");
+    assert!(ledger.rebuilt_at.is_none(), "the copy's ledger was fenced");
+    let annotations = pool_annotations(&target, "pool").await;
+    assert!(annotations.contains_key(moving::MOVED_IN_ANNOTATION));
+    assert!(!annotations.contains_key(moving::HANDOVER_ANNOTATION));
+    // Nothing holds the moved addresses here yet: they stay while the move may bring them.
+    for address in [&held, &free] {
+        assert!(ledger.contains(address.parse().expect("an address")));
+    }
+    target.pause_cluster("fleet", false).await;
+    eventually("the move into the target is over", WAIT, || async {
+        let annotations = pool_annotations(&target, "pool").await;
+        (!annotations.contains_key(moving::MOVED_IN_ANNOTATION)).then_some(())
+    })
+    .await;
+
+    // Resumed without a move, the source blocks again.
+    env.pause_cluster("fleet", false).await;
+    eventually("the source blocks clusterctl move again", WAIT, || async {
+        let annotations = pool_annotations(&env, "pool").await;
+        let blocked = annotations.contains_key(moving::BLOCK_MOVE_ANNOTATION);
+        (blocked && handed_over(&annotations).is_none()).then_some(())
+    })
+    .await;
+    // clusterctl deleting the source pool after a move: it goes with its ledger, though it holds
+    // addresses.
+    env.pools()
+        .patch(
+            "pool",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{"op": "add", "path": "/metadata/annotations",
+                    "value": {moving::DELETE_FOR_MOVE_ANNOTATION: ""}}]))
+                .expect("a JSON patch"),
+            ),
+        )
+        .await
+        .expect("mark the pool delete-for-move");
+    env.pools()
+        .delete("pool", &DeleteParams::default())
+        .await
+        .expect("delete the pool");
+    env.wait_gone(&env.pools(), "pool").await;
+    eventually("the source pool's ledger is gone", WAIT, || async {
+        env.ledger("InClusterIPPool", "pool")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }
