@@ -2,7 +2,8 @@
 //! baremetal-operator, installed with clusterctl and running for real, take a cluster of bare-
 //! metal hosts through its life — a control plane machine and a MachineDeployment deployed, rolled
 //! onto a new template, scaled in and out, deleted — while bitpool serves the addresses, on a
-//! control plane of each scenario's own. The test plays the kubelet alone ([`Kubelet`]).
+//! control plane of each scenario's own; the pivot moves a running cluster with `clusterctl move`
+//! to a second plane with the same providers. The test plays the kubelet alone ([`Kubelet`]).
 //!
 //! Throughout, a sampler lists every address object a few times a second: no address may be
 //! held twice at any instant it sees, and no CAPI pool address may go to a new claim within the
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -671,6 +673,29 @@ async fn sample(client: &Client) -> Result<Round, kube::Error> {
     Ok(round)
 }
 
+/// The kinds of what a Cluster of Metal3 machines is made of and holds (apiVersion, kind).
+const CLUSTER_KINDS: [(&str, &str); 9] = [
+    (CAPI, "Cluster"),
+    (CAPI, "Machine"),
+    (V1BETA2, "Metal3Machine"),
+    (V1BETA2, "Metal3Data"),
+    (V1BETA2, "Metal3DataClaim"),
+    ("ipam.metal3.io/v1alpha1", "IPClaim"),
+    ("ipam.metal3.io/v1alpha1", "IPAddress"),
+    (CAPI_IPAM, "IPAddressClaim"),
+    (CAPI_IPAM, "IPAddress"),
+];
+
+/// Whether the namespace holds no object of any of `kinds`.
+async fn none_left(client: &Client, kinds: &[(&str, &str)]) -> bool {
+    for (version, kind) in kinds {
+        if !list(client, version, kind).await.is_empty() {
+            return false;
+        }
+    }
+    true
+}
+
 /// Deletes the Cluster and waits until everything of it is gone; the CAPI pool stays unless
 /// it was deleted too.
 async fn delete_cluster(client: &Client, capi_pool_deleted: bool) {
@@ -681,24 +706,7 @@ async fn delete_cluster(client: &Client, capi_pool_deleted: bool) {
     eventually(
         "the Cluster's machines, data, claims and addresses are gone",
         WAIT,
-        || async {
-            for (version, kind) in [
-                (CAPI, "Cluster"),
-                (CAPI, "Machine"),
-                (V1BETA2, "Metal3Machine"),
-                (V1BETA2, "Metal3Data"),
-                (V1BETA2, "Metal3DataClaim"),
-                ("ipam.metal3.io/v1alpha1", "IPClaim"),
-                ("ipam.metal3.io/v1alpha1", "IPAddress"),
-                (CAPI_IPAM, "IPAddressClaim"),
-                (CAPI_IPAM, "IPAddress"),
-            ] {
-                if !list(client, version, kind).await.is_empty() {
-                    return None;
-                }
-            }
-            Some(())
-        },
+        || async { none_left(client, &CLUSTER_KINDS).await.then_some(()) },
     )
     .await;
     // A Metal3 pool that names its Cluster is owned by it, as Metal3 IPAM makes it, and goes
@@ -845,6 +853,13 @@ impl Scenario {
     /// reused within its grace period. Returns how many of its addresses were reused.
     async fn finish(self) -> usize {
         self.finish_with(false).await
+    }
+
+    /// The end of a scenario whose cluster was moved away: nothing was held twice here.
+    async fn finish_moved(mut self) {
+        let rounds = self.sampler.assert_never_twice();
+        self.step(&format!("done, {rounds} samples on the source"));
+        self.stack.assert_managers_running();
     }
 
     /// [`Self::finish`], the CAPI pool deleted (or not) on the way.
@@ -1296,6 +1311,230 @@ async fn faults(name: &str) {
     );
     scenario.step(&format!("{waiting} waited on the deleted pool"));
     scenario.finish_with(true).await;
+}
+
+/// What every claim of either API holds: (claim kind, claim name) → address.
+async fn all_allocations(client: &Client) -> BTreeMap<(&'static str, String), String> {
+    let metal3 = metal3_allocations(client).await;
+    let capi = list(client, CAPI_IPAM, "IPAddress").await;
+    let capi = capi.iter().filter_map(|a| {
+        Some((
+            (
+                "IPAddressClaim",
+                a.data["spec"]["claimRef"]["name"].as_str()?.to_string(),
+            ),
+            a.data["spec"]["address"].as_str()?.to_string(),
+        ))
+    });
+    metal3
+        .into_iter()
+        .map(|(claim, address)| (("IPClaim", claim), address))
+        .chain(capi)
+        .collect()
+}
+
+/// The step of Metal3's pivot guide that makes hosts move: clusterctl moves only the kinds whose
+/// CRD carries its labels, and the baremetal-operator's manifests do not give them. A host moves
+/// with what it owns (its BMC credentials), consumed by a machine or not.
+async fn let_clusterctl_move_hosts(client: &Client) {
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .patch(
+            "baremetalhosts.metal3.io",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "clusterctl.cluster.x-k8s.io": "", "clusterctl.cluster.x-k8s.io/move-hierarchy": "",
+            }}})),
+        )
+        .await
+        .expect("label the BareMetalHost CRD for clusterctl move");
+}
+
+/// `clusterctl move` of the namespace from `source` to `target`, in a thread of its own; bitpool
+/// on the target is killed and started again once the CAPI pool has arrived, while the move
+/// goes on. Returns when the move is done.
+async fn move_restarting_target_bitpool(source: &Stack, target: &mut Stack) -> std::time::Instant {
+    let to = format!("--to-kubeconfig={}", target.kubeconfig.display());
+    let mut command = source
+        .clusterctl
+        .command(&["move", "--namespace", NS, &to, "-v", "1"]);
+    let mover = tokio::task::spawn_blocking(move || {
+        support::clusterctl::run(&mut command, "clusterctl move")
+    });
+    let target_client = target.client.clone();
+    let mid_move = eventually("the CAPI pool arrives on the target", WAIT, || async {
+        if mover.is_finished() {
+            return Some(false);
+        }
+        get(&target_client, CAPI_POOLS, "InClusterIPPool", CAPI_POOL)
+            .await
+            .map(|_| true)
+    })
+    .await;
+    if mid_move {
+        target.kill_bitpool();
+        target.start_bitpool().await;
+    }
+    let output = mover.await.expect("clusterctl move ran");
+    let moved = std::time::Instant::now();
+    eprintln!("{output}");
+    assert!(
+        mid_move,
+        "the move was over before bitpool could be restarted in its middle"
+    );
+    moved
+}
+
+/// A claim of each API made right after the move, on the moved pools: served without a fence.
+async fn served_after_move(target: &Client, moved: std::time::Instant) -> Duration {
+    create(
+        target,
+        json!({
+            "apiVersion": CAPI_IPAM, "kind": "IPAddressClaim",
+            "metadata": {"name": "after-move"},
+            "spec": {"poolRef": {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": CAPI_POOL}},
+        }),
+    )
+    .await;
+    create(
+        target,
+        json!({
+            "apiVersion": "ipam.metal3.io/v1alpha1", "kind": "IPClaim",
+            "metadata": {"name": "after-move"},
+            "spec": {"pool": {"name": METAL3_POOL}},
+        }),
+    )
+    .await;
+    eventually(
+        "both claims made after the move are served",
+        WAIT,
+        || async {
+            let held = all_allocations(target).await;
+            let served = held.contains_key(&("IPAddressClaim", "after-move".into()))
+                && held.contains_key(&("IPClaim", "after-move".into()));
+            served.then_some(())
+        },
+    )
+    .await;
+    moved.elapsed()
+}
+
+/// The ledgers bitpool keeps on a plane: name → data.
+async fn ledgers(client: &Client) -> BTreeMap<String, BTreeMap<String, String>> {
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "bitpool-system")
+        .list(&ListParams::default().labels("ipam.bitpool.dev/ledger"))
+        .await
+        .expect("list the ledgers")
+        .items
+        .into_iter()
+        .map(|c| (c.name_any(), c.data.unwrap_or_default()))
+        .collect()
+}
+
+/// Nothing of the cluster is left on the source: no object of the namespace of any kind the
+/// move takes, and no ledger.
+async fn source_keeps_nothing(source: &Client) {
+    let moved = [
+        (BMH, "BareMetalHost"),
+        ("ipam.metal3.io/v1alpha1", "IPPool"),
+        (CAPI_POOLS, "InClusterIPPool"),
+    ];
+    eventually(
+        "the source keeps nothing of the moved cluster",
+        WAIT,
+        || async {
+            let gone = none_left(source, &CLUSTER_KINDS).await && none_left(source, &moved).await;
+            (gone && ledgers(source).await.is_empty()).then_some(())
+        },
+    )
+    .await;
+}
+
+/// The pivot: a running cluster of three hosts (a control plane machine and two workers) moved
+/// with `clusterctl move` from the plane it was made on to a second one with the same providers,
+/// bitpool on the target restarted in the middle of it. On the target every claim keeps its
+/// address, new claims are served at once (the ledgers came with the pools: no fence), and a
+/// machine added gets fresh addresses; the source keeps nothing; no address is held twice on
+/// either plane at any instant sampled.
+async fn pivot(name: &str) {
+    let mode = Mode {
+        bitpool_renders: false,
+        bmh_name_preallocation: false,
+    };
+    let source = Scenario::start(name, mode).await;
+    let deployed = async {
+        create_cluster(&source.stack, mode, 2).await;
+        source.settled(2, "workers-a").await
+    };
+    let target_name = format!("{name}-target");
+    let (mut target, _) = tokio::join!(Stack::start(&target_name, mode.options()), deployed);
+    source.step("3 hosts running; the target plane is up");
+    let target_client = target.client.clone();
+    // The workload cluster stays where it is: the source plane holds its Nodes.
+    let _kubelet = Kubelet::start_for(target_client.clone(), source.client.clone(), NS);
+    let target_sampler = Sampler::start(target_client.clone());
+    let before = all_allocations(&source.client).await;
+    assert_eq!(
+        before.len(),
+        6,
+        "two addresses for each of three hosts: {before:?}"
+    );
+
+    let_clusterctl_move_hosts(&source.client).await;
+    let started = std::time::Instant::now();
+    let moved = move_restarting_target_bitpool(&source.stack, &mut target).await;
+    source.step(&format!("moved in {:?}", started.elapsed()));
+    let served_in = served_after_move(&target_client, moved).await;
+    source.step(&format!(
+        "claims made after the move served {served_in:?} after it"
+    ));
+    for (name, data) in ledgers(&target_client).await {
+        assert!(
+            !data.contains_key("rebuiltAt"),
+            "ledger {name} was rebuilt: {data:?}"
+        );
+    }
+    assert!(
+        served_in < Duration::from_secs(10),
+        "claims made after the move waited {served_in:?}"
+    );
+    let mut after = all_allocations(&target_client).await;
+    after.retain(|(_, claim), _| claim != "after-move");
+    assert_eq!(after, before, "every claim keeps its address on the target");
+    source_keeps_nothing(&source.client).await;
+    source.step("the source keeps nothing");
+
+    patch_deployment(&target_client, json!({"spec": {"replicas": 3}})).await;
+    let scaled = settled(&target_client, 3, "workers-a").await;
+    assert_distinct(&scaled);
+    let old: BTreeSet<&String> = before.values().collect();
+    let grown = all_allocations(&target_client).await;
+    let fresh: Vec<&String> = grown.values().filter(|a| !old.contains(a)).collect();
+    assert_eq!(
+        fresh.len(),
+        4,
+        "the machine added and the claims made after the move: {grown:?}"
+    );
+    source.step("scaled out on the target");
+    for (version, kind) in [
+        (CAPI_IPAM, "IPAddressClaim"),
+        ("ipam.metal3.io/v1alpha1", "IPClaim"),
+    ] {
+        api(&target_client, version, kind)
+            .delete("after-move", &DeleteParams::default())
+            .await
+            .expect("delete a claim made after the move");
+    }
+
+    delete_cluster(&target_client, false).await;
+    let rounds = target_sampler.assert_never_twice();
+    source.step(&format!("done, {rounds} samples on the target"));
+    target.assert_managers_running();
+    source.finish_moved().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_stack_pivot_with_clusterctl_move() {
+    pivot("stack-pivot").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -424,13 +424,20 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
+    /// The kubelets of hosts whose workload cluster is their management cluster itself.
     pub fn start(client: Client, namespace: &str) -> Self {
+        Self::start_for(client.clone(), client, namespace)
+    }
+
+    /// The kubelets of `management`'s hosts, joining the cluster `workload` reaches (after a
+    /// move the machines are managed elsewhere, and their Nodes stay where they were).
+    pub fn start_for(management: Client, workload: Client, namespace: &str) -> Self {
         let namespace = namespace.to_string();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(500));
             loop {
                 tick.tick().await;
-                if let Err(e) = join_provisioned_hosts(&client, &namespace).await {
+                if let Err(e) = join_provisioned_hosts(&management, &workload, &namespace).await {
                     eprintln!("kubelet: {e}");
                 }
             }
@@ -445,7 +452,11 @@ impl Drop for Kubelet {
     }
 }
 
-async fn join_provisioned_hosts(client: &Client, namespace: &str) -> Result<(), kube::Error> {
+async fn join_provisioned_hosts(
+    client: &Client,
+    workload: &Client,
+    namespace: &str,
+) -> Result<(), kube::Error> {
     let machines: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         namespace,
@@ -456,7 +467,7 @@ async fn join_provisioned_hosts(client: &Client, namespace: &str) -> Result<(), 
         namespace,
         &resource("metal3.io/v1alpha1", "BareMetalHost"),
     );
-    let nodes: Api<Node> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(workload.clone());
     for machine in machines.list(&ListParams::default()).await?.items {
         let name = machine.name_any();
         if machine.metadata.deletion_timestamp.is_some() || nodes.get_opt(&name).await?.is_some() {
