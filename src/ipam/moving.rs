@@ -83,6 +83,17 @@ impl Handover {
         }
     }
 
+    /// The hand-over as its annotation holds it, or how large it would be when it exceeds
+    /// [`MAX_HANDOVER_BYTES`].
+    fn encoded(&self) -> Result<String, usize> {
+        // Strings and bytes always serialize.
+        let text = serde_json::to_string(self).unwrap_or_default();
+        match text.len() > MAX_HANDOVER_BYTES {
+            true => Err(text.len()),
+            false => Ok(text),
+        }
+    }
+
     /// The ledger it carries: every address allocated at the hand-over, none reserved.
     pub fn ledger(&self) -> Result<Ledger, String> {
         let decode = |bytes: &ByteString, family: &str| {
@@ -213,22 +224,27 @@ fn seen<P: PoolDialect>(pool: &P, ctx: &Context) -> Seen {
     }
 }
 
+/// Merge-patches the pool's annotations (`null` removes one).
+async fn annotate<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    changes: serde_json::Value,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({"metadata": {"annotations": changes}});
+    objects::merge_patch(&pool.api_for(ctx.client.clone()), &pool.name_any(), patch).await
+}
+
 /// Takes the pool's move step; `Some` when the reconcile ends here.
 pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option<Action>, Error> {
     let seen = seen(pool, ctx);
-    let api = pool.api_for(ctx.client.clone());
-    let name = pool.name_any();
-    let annotate =
-        |changes: serde_json::Value| serde_json::json!({"metadata": {"annotations": changes}});
     match plan(&seen) {
-        Step::Serve => Ok(None),
-        Step::HandedOver => Ok(None),
+        Step::Serve | Step::HandedOver => Ok(None),
         Step::Block(block) => {
             let changes = serde_json::json!({
                 BLOCK_MOVE_ANNOTATION: block.then_some(""),
                 HANDOVER_ANNOTATION: null,
             });
-            objects::merge_patch(&api, &name, annotate(changes)).await?;
+            annotate(pool, ctx, changes).await?;
             Ok(None)
         }
         Step::HandOver(clusters) => hand_over(pool, ctx, seen.pool_uid, clusters).await,
@@ -241,17 +257,12 @@ pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option
                 HANDOVER_ANNOTATION: null,
                 MOVED_IN_ANNOTATION: serde_json::to_string(&moved_in).unwrap_or_default(),
             });
-            objects::merge_patch(&api, &name, annotate(changes)).await?;
+            annotate(pool, ctx, changes).await?;
             tracing::info!(pool = %pool.key().describe(), "the pool arrived by clusterctl move; its ledger came with it");
             Ok(None)
         }
         Step::Settle => {
-            objects::merge_patch(
-                &api,
-                &name,
-                annotate(serde_json::json!({MOVED_IN_ANNOTATION: null})),
-            )
-            .await?;
+            annotate(pool, ctx, serde_json::json!({MOVED_IN_ANNOTATION: null})).await?;
             Ok(None)
         }
         Step::Leave => {
@@ -259,6 +270,7 @@ pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option
             tracing::info!(pool = %pool.key().describe(), "the pool was moved away by clusterctl; its ledger here is deleted");
             // clusterctl strips the finalizers itself; one that did not is let go here.
             if pool.meta().deletion_timestamp.is_some() {
+                let api = pool.api_for(ctx.client.clone());
                 objects::remove_finalizer(&api, pool, P::FINALIZER).await?;
             }
             Ok(Some(Action::await_change()))
@@ -292,17 +304,15 @@ pub async fn cover<P: PoolDialect>(
     }
     handover.ipv4 = ByteString(covered.v4.to_bytes());
     handover.ipv6 = ByteString(covered.v6.to_bytes());
-    let text = serde_json::to_string(&handover).unwrap_or_default();
-    let annotations = match text.len() > MAX_HANDOVER_BYTES {
+    let changes = match handover.encoded() {
+        Ok(text) => serde_json::json!({ HANDOVER_ANNOTATION: text }),
         // Too large to travel: the move is blocked again, and says so in the log.
-        true => {
-            tracing::warn!(pool = %pool.key().describe(), bytes = text.len(), "the pool's ledger grew too large to travel with it; blocking clusterctl move again");
+        Err(bytes) => {
+            tracing::warn!(pool = %pool.key().describe(), bytes, "the pool's ledger grew too large to travel with it; blocking clusterctl move again");
             serde_json::json!({BLOCK_MOVE_ANNOTATION: "", HANDOVER_ANNOTATION: null})
         }
-        false => serde_json::json!({ HANDOVER_ANNOTATION: text }),
     };
-    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
-    objects::merge_patch(&pool.api_for(ctx.client.clone()), &pool.name_any(), patch).await
+    annotate(pool, ctx, changes).await
 }
 
 /// Writes the ledger onto the pool and lifts the block, once no reservation can still land (a
@@ -331,17 +341,15 @@ async fn hand_over<P: PoolDialect>(
     {
         return Ok(Some(Action::requeue(RECHECK)));
     }
-    let handover =
-        serde_json::to_string(&Handover::of(&ledger, &pool_uid, clusters)).unwrap_or_default();
-    if handover.len() > MAX_HANDOVER_BYTES {
-        tracing::warn!(pool = %pool.key().describe(), bytes = handover.len(), "the pool's ledger is too large to travel with it; the move stays blocked");
-        return Ok(Some(Action::requeue(RECHECK)));
-    }
-    let patch = serde_json::json!({"metadata": {"annotations": {
-        BLOCK_MOVE_ANNOTATION: null,
-        HANDOVER_ANNOTATION: handover,
-    }}});
-    objects::merge_patch(&pool.api_for(ctx.client.clone()), &pool.name_any(), patch).await?;
+    let handover = match Handover::of(&ledger, &pool_uid, clusters).encoded() {
+        Ok(text) => text,
+        Err(bytes) => {
+            tracing::warn!(pool = %pool.key().describe(), bytes, "the pool's ledger is too large to travel with it; the move stays blocked");
+            return Ok(Some(Action::requeue(RECHECK)));
+        }
+    };
+    let changes = serde_json::json!({BLOCK_MOVE_ANNOTATION: null, HANDOVER_ANNOTATION: handover});
+    annotate(pool, ctx, changes).await?;
     tracing::info!(pool = %pool.key().describe(), "every Cluster of the namespace is paused: the pool's ledger is handed over for clusterctl move");
     Ok(Some(Action::requeue(RECHECK)))
 }
