@@ -220,20 +220,40 @@ where
 
 /// Deletes every claim of `api`'s namespace. A deletecollection of thousands of claims can
 /// outlast the API server's 60 s request timeout, which cuts the connection; like any client,
-/// the test then asks again for what is left (at most 5 times).
+/// the test then asks again for what is left, as long as each attempt marks more claims
+/// deleting than the one before (five attempts in a row without progress fail the test).
 pub async fn delete_all_claims(api: &Api<IPAddressClaim>) {
-    let mut attempt = 0;
+    let mut stalled = 0;
+    let mut left = usize::MAX;
     loop {
-        attempt += 1;
-        match api
+        let error = match api
             .delete_collection(&kube::api::DeleteParams::default(), &ListParams::default())
             .await
         {
             Ok(_) => return,
-            Err(e) if attempt < 5 && !matches!(&e, kube::Error::Api(s) if s.code < 500) => {
-                eprintln!("deletecollection of claims failed ({e}); asking again");
-            }
+            Err(e) if !matches!(&e, kube::Error::Api(s) if s.code < 500) => e,
             Err(e) => panic!("delete every claim: {e}"),
+        };
+        let now_left = match api.list_metadata(&ListParams::default()).await {
+            Ok(list) => list
+                .items
+                .iter()
+                .filter(|claim| claim.metadata.deletion_timestamp.is_none())
+                .count(),
+            Err(_) => left,
+        };
+        if now_left == 0 {
+            return;
         }
+        stalled = if now_left < left { 0 } else { stalled + 1 };
+        left = now_left;
+        if stalled >= 5 {
+            panic!(
+                "delete every claim: {error}; {left} claims not marked deleting after five attempts without progress"
+            );
+        }
+        eprintln!(
+            "deletecollection of claims failed ({error}); {left} not yet deleting, asking again"
+        );
     }
 }
