@@ -159,9 +159,15 @@ pub(super) async fn repair_record<P: PoolDialect>(
         return Ok(Some(stored));
     }
     let fresh = fresh_pool_addresses(pool, ctx).await?;
+    // The list is newer than the record: an object another process created since the record
+    // was read holds an address reserved since. What the record read again now lists was not lost.
+    let again = transaction::load(ledger_ref, pool, ctx, false).await?;
     let (adopt, foreign): (Vec<&AnyAddress>, Vec<&AnyAddress>) = fresh
         .iter()
-        .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
+        .filter(|a| {
+            pool.held(a)
+                .is_some_and(|ip| unrecorded(ip, ledger, again.as_ref().map(|s| &s.ledger)))
+        })
         .partition(|a| !whole || served(a));
     batch.foreign.extend(foreign.into_iter().cloned());
     let intent = &mut batch.first;
@@ -189,6 +195,14 @@ pub(super) async fn repair_record<P: PoolDialect>(
         intent.whole_in = ledger.uid.clone();
     }
     Ok(Some(stored))
+}
+
+/// Whether `address`, held by an object listed after `before` was read and before `after`
+/// was, is missing from the record: an address reserved after the first read is in the
+/// second, and one freed before the second read was in the first (its object was live at the
+/// list, and an address is freed only after its object goes).
+fn unrecorded(address: IpAddr, before: &Ledger, after: Option<&Ledger>) -> bool {
+    !before.contains(address) && after.is_none_or(|after| !after.contains(address))
 }
 
 /// Reservations whose claim no longer exists (checked on the server once no create of theirs
@@ -285,4 +299,27 @@ pub(super) async fn unheld<P: PoolDialect>(
         .into_iter()
         .filter(|ip| !held.contains(ip))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(addresses: &[&str]) -> Ledger {
+        Ledger::from_addresses(addresses.iter().map(|a| a.parse().expect("test address")))
+    }
+
+    #[test]
+    fn only_what_both_reads_of_the_record_lack_was_lost() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("test address");
+        let (empty, with) = (holding(&[]), holding(&["10.0.0.1"]));
+        // Reserved between the first read and the list: the second read has it.
+        assert!(!unrecorded(ip("10.0.0.1"), &empty, Some(&with)));
+        // Freed between the list and the second read: the first read had it.
+        assert!(!unrecorded(ip("10.0.0.1"), &with, Some(&empty)));
+        assert!(unrecorded(ip("10.0.0.1"), &empty, Some(&empty)));
+        // A record deleted since is judged by the first read alone.
+        assert!(unrecorded(ip("10.0.0.1"), &empty, None));
+        assert!(!unrecorded(ip("10.0.0.1"), &with, None));
+    }
 }
