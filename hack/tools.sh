@@ -13,6 +13,8 @@
 #                              $BITPOOL_CAPI_VERSION, for the tests that run the whole Metal3 stack
 #   hack/tools.sh bmo          the baremetal-operator (github.com/metal3-io/baremetal-operator) at
 #                              $BITPOOL_BMO_VERSION, run with --test-mode in those tests
+#   hack/tools.sh metal3-ipam  Metal3's ip-address-manager (github.com/metal3-io/ip-address-manager)
+#                              at $BITPOOL_METAL3_IPAM_VERSION, the Metal3-side peer of hack/load.sh
 set -euo pipefail
 HACK_DIR=$(cd "${0%/*}" && pwd)
 # shellcheck source=hack/versions.env
@@ -70,6 +72,19 @@ build_capm3() {
     { tail -n 20 "$work/build.log" >&2; die "building CAPM3's manager failed (log: $work/build.log)"; }
 }
 
+# Metal3's ip-address-manager (the peer of bitpool's Metal3 IPAM in hack/load.sh) is its root
+# module's main package; like CAPM3 it takes its api module by a local replace.
+build_metal3_ipam() {
+  local out=$1 work=$CACHE_DIR/build/metal3-ipam module=github.com/metal3-io/ip-address-manager
+  rm -rf "$work" && mkdir -p "$work" && cd "$work"
+  go mod init bitpool.test/metal3-ipam >/dev/null 2>&1
+  go mod edit -require "$module@$BITPOOL_METAL3_IPAM_VERSION" -replace "$module/api=$module/api@$BITPOOL_METAL3_IPAM_VERSION"
+  echo "tools: building Metal3's ip-address-manager $BITPOOL_METAL3_IPAM_VERSION (a few minutes, once)" >&2
+  { go get "$module@$BITPOOL_METAL3_IPAM_VERSION" &&
+    go build -trimpath -o "$out" -ldflags "-s -w" "$module"; } >"$work/build.log" 2>&1 ||
+    { tail -n 20 "$work/build.log" >&2; die "building Metal3's ip-address-manager failed (log: $work/build.log)"; }
+}
+
 # Cluster API core's manager is the root module's core package; like clusterctl, it takes its
 # api module by a local replace.
 build_capi_core() {
@@ -121,7 +136,8 @@ case "$tool" in
   in-cluster) version=$BITPOOL_IN_CLUSTER_VERSION ;;
   capi-core) version=$BITPOOL_CAPI_VERSION ;;
   bmo) version=$BITPOOL_BMO_VERSION ;;
-  *) die "usage: $0 clusterctl|kustomize|capm3|in-cluster|capi-core|bmo" ;;
+  metal3-ipam) version=$BITPOOL_METAL3_IPAM_VERSION ;;
+  *) die "usage: $0 clusterctl|kustomize|capm3|in-cluster|capi-core|bmo|metal3-ipam" ;;
 esac
 bin=$CACHE_DIR/tools/$tool-$version/$tool
 if [ ! -x "$bin" ]; then

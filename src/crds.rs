@@ -78,6 +78,23 @@ fn webhook_conversion() -> CustomResourceConversion {
     }
 }
 
+/// A conversion by the webhook server at `url` (`https://127.0.0.1:<port>/convert` for a manager
+/// run outside the cluster, as the tests and the load command run upstream's), trusted through
+/// the CA `ca_pem`.
+pub fn conversion_at(url: String, ca_pem: &str) -> CustomResourceConversion {
+    CustomResourceConversion {
+        strategy: "Webhook".into(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                url: Some(url),
+                ca_bundle: Some(k8s_openapi::ByteString(ca_pem.as_bytes().to_vec())),
+                service: None,
+            }),
+            conversion_review_versions: vec!["v1".into(), "v1beta1".into()],
+        }),
+    }
+}
+
 /// A Metal3Data kind at v1beta2 (storage, as CAPM3 1.13 and later store it) and v1beta1 (served,
 /// deprecated, as upstream), converted by bitpool's webhook. The v1beta1 schema is v1beta2's in
 /// v1beta1's spelling (see [`crate::webhook::convert::metal3data`]).

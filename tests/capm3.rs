@@ -13,11 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
-};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -141,7 +138,8 @@ async fn install_crds(client: &Client, certs: &Certs, port: u16) {
             let mut read = read_crds(&file);
             if folder == "cluster-api-provider-metal3" {
                 for crd in &mut read {
-                    crd.spec.conversion = Some(conversion_to(certs, port));
+                    let url = format!("https://127.0.0.1:{port}/convert");
+                    crd.spec.conversion = Some(bitpool::crds::conversion_at(url, &certs.ca_pem));
                 }
             }
             crds.extend(read);
@@ -157,20 +155,6 @@ async fn install_crds(client: &Client, certs: &Certs, port: u16) {
             .filter(|c| !capm3_kinds.contains(c.metadata.name.as_deref().unwrap_or_default())),
     );
     support::install_crds(client, &crds).await;
-}
-
-fn conversion_to(certs: &Certs, port: u16) -> CustomResourceConversion {
-    CustomResourceConversion {
-        strategy: "Webhook".into(),
-        webhook: Some(WebhookConversion {
-            client_config: Some(WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}/convert")),
-                ca_bundle: Some(ByteString(certs.ca_pem.clone().into_bytes())),
-                service: None,
-            }),
-            conversion_review_versions: vec!["v1".into(), "v1beta1".into()],
-        }),
-    }
 }
 
 /// The pools (bitpool's), the Cluster with its infrastructure ready (Cluster API core's part),

@@ -1,11 +1,15 @@
 //! `bitpool-load`: the load command. Against `$KUBECONFIG`, it runs a provider (bitpool, and
-//! optionally the upstream in-cluster provider as its peer) as a child process and measures, per
+//! optionally as its peers the upstream in-cluster provider for Cluster API's pools and Metal3's
+//! ip-address-manager for Metal3's) as a child process and measures, per
 //! scenario, the time until every claim has its address, the claims per second as a fraction of
 //! the server's raw create rate over three (a claim needs at least three writes), the same for
 //! deletion, the provider's CPU seconds and peak memory, its start-up time, and checks that no
 //! address was handed out twice and no claim missed one. `hack/load.sh` builds and runs it.
 
 mod admission;
+mod certs;
+mod flavour;
+mod hosts;
 mod provider;
 mod scenario;
 mod workload;
@@ -17,7 +21,8 @@ use clap::Parser;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 
-use provider::{Kind, Provider};
+use flavour::Flavour;
+use provider::{BITPOOL_CLIENT_LIMITS, Kind, Provider};
 use scenario::{Row, Scenario};
 
 #[derive(Parser, Debug)]
@@ -29,9 +34,24 @@ struct Args {
     /// The upstream in-cluster provider's binary: run as bitpool's peer, scenario by scenario.
     #[arg(long)]
     in_cluster: Option<PathBuf>,
+    /// Metal3's ip-address-manager: run as bitpool's peer on the Metal3 runs, at its default
+    /// flags and again at bitpool's client limits.
+    #[arg(long)]
+    metal3_ipam: Option<PathBuf>,
+    /// CAPM3's manager, for the runs of hosts rendered (`--metal3-hosts`).
+    #[arg(long)]
+    capm3: Option<PathBuf>,
+    /// Hosts rendered through a Metal3DataTemplate with a Metal3 and a CAPI pool, one run per
+    /// setup (CAPM3 with metal3-ipam and in-cluster, CAPM3 with bitpool, bitpool alone); needs
+    /// --capm3, --metal3-ipam, --in-cluster and --upstream-crds.
+    #[arg(long)]
+    metal3_hosts: Option<usize>,
     /// Bursts of claims on one pool, one run each.
     #[arg(long, value_delimiter = ',')]
     claims: Vec<usize>,
+    /// Bursts on one Metal3 IPPool, one run each: of IPClaims, then of IPAddressClaims.
+    #[arg(long, value_delimiter = ',')]
+    metal3_claims: Vec<usize>,
     /// Many pools: `<pools>x<claims per pool>`.
     #[arg(long, value_delimiter = ',')]
     pools: Vec<String>,
@@ -83,15 +103,17 @@ async fn run(args: Args) -> Result<(), String> {
     let kubeconfig = std::env::var_os("KUBECONFIG")
         .map(PathBuf::from)
         .ok_or("set KUBECONFIG to the cluster under load")?;
-    let mut providers = vec![Provider {
-        kind: Kind::Bitpool,
-        binary: args.bitpool.clone(),
-    }];
+    let mut providers = vec![Provider::new(Kind::Bitpool, args.bitpool.clone())];
     if let Some(binary) = &args.in_cluster {
-        providers.push(Provider {
-            kind: Kind::InCluster,
-            binary: binary.clone(),
-        });
+        providers.push(Provider::new(Kind::InCluster, binary.clone()));
+    }
+    if let Some(binary) = &args.metal3_ipam {
+        let peer = Provider::new(Kind::Metal3Ipam, binary.clone());
+        let tuned = Provider {
+            extra: BITPOOL_CLIENT_LIMITS.map(String::from).to_vec(),
+            ..peer.clone()
+        };
+        providers.extend([peer, tuned]);
     }
     let runner = scenario::Runner {
         load: workload::Load {
@@ -109,21 +131,28 @@ async fn run(args: Args) -> Result<(), String> {
         );
         println!("|---|---|---|---|---|");
         print!("{rows}");
-        if args.claims.is_empty()
-            && args.pools.is_empty()
-            && args.backlog.is_empty()
-            && args.hold.is_none()
-        {
+        if !claim_runs(&args) && args.metal3_hosts.is_none() {
+            return Ok(());
+        }
+    }
+    if let Some(hosts) = args.metal3_hosts {
+        let runner = hosts_runner(&args, &runner)?;
+        let rows = runner.measure(hosts).await?;
+        print!("{}", hosts::table(&rows));
+        if rows.iter().any(hosts::HostsRow::failed) {
+            return Err("a run of hosts handed out a duplicate".into());
+        }
+        if !claim_runs(&args) {
             return Ok(());
         }
     }
     let mut rows = Vec::new();
     for scenario in scenarios(&args)? {
         for provider in &providers {
-            if provider.kind == Kind::InCluster && !scenario.for_peer(args.peer_max) {
+            if !scenario.for_provider(provider, args.peer_max) {
                 continue;
             }
-            eprintln!("load: {} with {}", scenario.describe(), provider.name());
+            eprintln!("load: {} with {}", scenario.describe(), provider.label());
             let row = runner.run(provider, &scenario).await?;
             eprintln!("load: {}", row.summary());
             rows.push(row);
@@ -137,6 +166,39 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether runs of claims were asked for.
+fn claim_runs(args: &Args) -> bool {
+    !(args.claims.is_empty()
+        && args.pools.is_empty()
+        && args.metal3_claims.is_empty()
+        && args.backlog.is_empty()
+        && args.hold.is_none())
+}
+
+fn hosts_runner<'a>(
+    args: &Args,
+    runner: &'a scenario::Runner,
+) -> Result<hosts::HostsRunner<'a>, String> {
+    let needed = |path: &Option<PathBuf>, flag: &str| {
+        path.clone()
+            .ok_or_else(|| format!("--metal3-hosts needs {flag}"))
+    };
+    let managers = hosts::managers(
+        &args.bitpool,
+        &needed(&args.capm3, "--capm3")?,
+        &needed(&args.metal3_ipam, "--metal3-ipam")?,
+        &needed(&args.in_cluster, "--in-cluster")?,
+    );
+    Ok(hosts::HostsRunner {
+        load: &runner.load,
+        managers,
+        kubeconfig: runner.kubeconfig.clone(),
+        logs: runner.logs.clone(),
+        upstream_crds: needed(&args.upstream_crds, "--upstream-crds")?,
+        limit: runner.limit,
+    })
+}
+
 fn scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
     let mut all: Vec<Scenario> = args.claims.iter().map(|n| Scenario::burst(1, *n)).collect();
     for spec in &args.pools {
@@ -146,10 +208,16 @@ fn scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
             .ok_or_else(|| format!("--pools {spec}: expected <pools>x<claims per pool>"))?;
         all.push(Scenario::burst(pools, per_pool));
     }
+    for n in &args.metal3_claims {
+        all.push(Scenario::burst_of(Flavour::Metal3OnMetal3, *n));
+        all.push(Scenario::burst_of(Flavour::CapiOnMetal3, *n));
+    }
     all.extend(args.backlog.iter().map(|n| Scenario::backlog(*n)));
     all.extend(args.hold.map(Scenario::hold));
     if all.is_empty() {
-        return Err("nothing to run: give --claims, --pools, --backlog or --hold".into());
+        return Err(
+            "nothing to run: give --claims, --metal3-claims, --pools, --backlog, --hold or --metal3-hosts".into(),
+        );
     }
     Ok(all)
 }

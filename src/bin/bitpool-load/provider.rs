@@ -1,34 +1,92 @@
-//! The provider under load, as a child process of its own: bitpool or the upstream in-cluster
-//! provider, started with the flags an operator would give it, its CPU time and memory read
-//! from `/proc`.
+//! The provider under load, as a child process of its own: bitpool, the upstream in-cluster
+//! provider or Metal3's ip-address-manager, started with the flags an operator would give it,
+//! its CPU time and memory read from `/proc`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+use crate::certs::{Certs, free_port};
+use crate::flavour::Flavour;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Bitpool,
     InCluster,
+    Metal3Ipam,
+    /// CAPM3's manager, which the Metal3Data runs need whoever renders.
+    Capm3,
 }
+
+impl Kind {
+    /// Whether the provider serves `flavour`: bitpool serves every one, Metal3's manager both
+    /// claim kinds on its own pools.
+    pub fn serves(self, flavour: Flavour) -> bool {
+        match self {
+            Self::Bitpool => true,
+            Self::InCluster => flavour == Flavour::CapiOnInCluster,
+            Self::Metal3Ipam => flavour != Flavour::CapiOnInCluster,
+            Self::Capm3 => false,
+        }
+    }
+}
+
+/// bitpool's own client limits (`bitpool run --kube-api-qps/--kube-api-burst` defaults), given
+/// to a peer for a run at the same limits.
+pub const BITPOOL_CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=500", "--kube-api-burst=1000"];
 
 #[derive(Clone, Debug)]
 pub struct Provider {
     pub kind: Kind,
     pub binary: PathBuf,
+    /// Flags beyond the ones every run gives it (a peer's client limits).
+    pub extra: Vec<String>,
 }
 
 impl Provider {
+    pub fn new(kind: Kind, binary: PathBuf) -> Self {
+        Self {
+            kind,
+            binary,
+            extra: Vec::new(),
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Bitpool => "bitpool",
             Kind::InCluster => "in-cluster",
+            Kind::Metal3Ipam => "metal3-ipam",
+            Kind::Capm3 => "capm3",
+        }
+    }
+
+    /// The name a table shows, with the flags beyond the defaults.
+    pub fn label(&self) -> String {
+        match self.extra.is_empty() {
+            true => self.name().to_string(),
+            false => format!("{} {}", self.name(), self.extra.join(" ")),
+        }
+    }
+
+    /// For namespaces and log files: the name, and whether the flags are the defaults.
+    pub fn slug(&self) -> String {
+        match self.extra.is_empty() {
+            true => self.name().to_string(),
+            false => format!("{}-tuned", self.name()),
         }
     }
 
     /// Starts the provider against the cluster of `kubeconfig`, its output in `log`. Probes,
-    /// metrics and webhooks are off (nothing under test needs them, and ports stay free).
-    pub fn start(&self, kubeconfig: &Path, log: &Path) -> Result<Running, String> {
+    /// metrics and webhooks are off (nothing under test needs them, and ports stay free);
+    /// Metal3's managers always serve their webhooks, with `serving`'s certificate and port
+    /// (the API server calls CAPM3's for conversions, and no manager's for admission).
+    pub fn start(
+        &self,
+        kubeconfig: &Path,
+        log: &Path,
+        serving: &Serving,
+    ) -> Result<Running, String> {
         let file = std::fs::File::create(log)
             .map_err(|e| format!("cannot create {}: {e}", log.display()))?;
         let err = file
@@ -48,7 +106,9 @@ impl Provider {
                 "--diagnostics-address=0",
                 "--insecure-diagnostics",
             ]),
+            Kind::Metal3Ipam | Kind::Capm3 => command.args(serving.args(self.kind)),
         };
+        command.args(&self.extra);
         let started = Instant::now();
         let child = command
             .env("KUBECONFIG", kubeconfig)
@@ -130,6 +190,63 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A webhook server's certificate and port.
+pub struct Serving {
+    pub certs: Certs,
+    pub port: u16,
+}
+
+impl Serving {
+    /// A certificate made in `dir` and a free port.
+    pub fn new(dir: &Path) -> Result<Self, String> {
+        Ok(Self {
+            certs: Certs::generate(dir)?,
+            port: free_port()?,
+        })
+    }
+
+    /// The flags of a Metal3 manager (`kind`) serving its webhooks, probes and metrics off;
+    /// CAPM3's CRD migrator, which would rewrite every object of its kinds at start, skipped.
+    fn args(&self, kind: Kind) -> Vec<String> {
+        let mut args = vec![
+            format!("--webhook-port={}", self.port),
+            format!("--webhook-cert-dir={}", self.certs.dir.display()),
+            "--health-addr=0".into(),
+            "--diagnostics-address=0".into(),
+            "--insecure-diagnostics".into(),
+        ];
+        if kind == Kind::Capm3 {
+            args.extend([
+                "--skip-crd-migration-phases=StorageVersionMigration".into(),
+                "--skip-crd-migration-phases=CleanupManagedFields".into(),
+            ]);
+        }
+        args
+    }
+
+    /// Waits until the server accepts connections (the CRDs' conversions need it).
+    pub async fn listening(&self, running: &mut Running, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .is_err()
+        {
+            if let Some(exit) = running.exited() {
+                return Err(exit);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "nothing listens on port {} after {limit:?} (log: {})",
+                    self.port,
+                    running.log.display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
     }
 }
 

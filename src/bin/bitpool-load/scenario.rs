@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::provider::{Provider, Running, Usage};
+use crate::flavour::Flavour;
+use crate::provider::{Kind, Provider, Running, Serving, Usage};
 use crate::workload::{self, Load, Pool, Verdict, Watch};
 
 /// Raw creates measured before a run and again after it (the server's rate moves with the
@@ -29,6 +30,7 @@ pub struct Scenario {
     pub pools: usize,
     pub per_pool: usize,
     pub mode: Mode,
+    pub flavour: Flavour,
 }
 
 impl Scenario {
@@ -37,22 +39,29 @@ impl Scenario {
             pools,
             per_pool,
             mode: Mode::Burst,
+            flavour: Flavour::CapiOnInCluster,
+        }
+    }
+
+    /// A burst of `claims` claims of `flavour` on one pool.
+    pub fn burst_of(flavour: Flavour, claims: usize) -> Self {
+        Self {
+            flavour,
+            ..Self::burst(1, claims)
         }
     }
 
     pub fn backlog(claims: usize) -> Self {
         Self {
-            pools: 1,
-            per_pool: claims,
             mode: Mode::Backlog,
+            ..Self::burst(1, claims)
         }
     }
 
     pub fn hold(claims: usize) -> Self {
         Self {
-            pools: 1,
-            per_pool: claims,
             mode: Mode::Hold,
+            ..Self::burst(1, claims)
         }
     }
 
@@ -60,9 +69,15 @@ impl Scenario {
         self.pools * self.per_pool
     }
 
-    /// Whether the upstream peer takes part: held runs measure bitpool's own start-up.
-    pub fn for_peer(&self, peer_max: usize) -> bool {
-        self.mode != Mode::Hold && self.claims() <= peer_max
+    /// Whether `provider` takes part: a peer only on its own ground (held runs measure
+    /// bitpool's own start-up), and up to `peer_max` claims.
+    pub fn for_provider(&self, provider: &Provider, peer_max: usize) -> bool {
+        match provider.kind {
+            Kind::Bitpool => true,
+            peer => {
+                peer.serves(self.flavour) && self.mode != Mode::Hold && self.claims() <= peer_max
+            }
+        }
     }
 
     pub fn describe(&self) -> String {
@@ -71,9 +86,13 @@ impl Scenario {
             Mode::Backlog => "backlog",
             Mode::Hold => "held",
         };
-        match self.pools {
+        let run = match self.pools {
             1 => format!("{what} of {} claims on one pool", self.per_pool),
             p => format!("{what} of {p} pools x {} claims", self.per_pool),
+        };
+        match self.flavour {
+            Flavour::CapiOnInCluster => run,
+            other => format!("{run} ({})", other.describe()),
         }
     }
 }
@@ -81,7 +100,7 @@ impl Scenario {
 /// What one run measured.
 #[derive(Clone, Debug)]
 pub struct Row {
-    pub provider: &'static str,
+    pub provider: String,
     pub scenario: String,
     pub claims: usize,
     /// The server's raw creates per second: the mean of a measurement before and one after.
@@ -182,6 +201,7 @@ pub struct Runner {
 /// The state of a run between its phases.
 struct Run<'a> {
     namespace: String,
+    flavour: Flavour,
     pools: Vec<Pool>,
     provider: &'a Provider,
     running: Running,
@@ -197,7 +217,7 @@ impl Runner {
             .contract_rate(RAW_NAMESPACE, CONTRACT_SAMPLE)
             .await?;
         let (allocation, allocation_cpu) = self.allocate(&mut run, scenario).await?;
-        let verdict = workload::verify(&self.load.client, &run.namespace, &run.pools).await?;
+        let verdict = workload::verify(&self.load, &run.namespace, run.flavour, &run.pools).await?;
         let start_up = match scenario.mode {
             Mode::Hold => Some(self.restart(&mut run).await?),
             _ => None,
@@ -207,7 +227,7 @@ impl Runner {
         self.finish(run).await?;
         let raw = (raw_before + self.raw_rate().await?) / 2.0;
         Ok(Row {
-            provider: provider.name(),
+            provider: provider.label(),
             scenario: scenario.describe(),
             claims: scenario.claims(),
             raw,
@@ -224,7 +244,8 @@ impl Runner {
 
     fn start(&self, provider: &Provider, namespace: &str) -> Result<Running, String> {
         let log = self.logs.join(format!("{namespace}.log"));
-        provider.start(&self.kubeconfig, &log)
+        let serving = Serving::new(&self.logs.join(format!("{namespace}-certs")))?;
+        provider.start(&self.kubeconfig, &log, &serving)
     }
 
     /// A fresh namespace, the provider started, the pools created and taken up by it.
@@ -237,16 +258,18 @@ impl Runner {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default();
-        let namespace = format!("load-{}-{stamp}", provider.name());
+        let namespace = format!("load-{}-{stamp}", provider.slug());
         self.load.ensure_namespace(&namespace).await?;
         let pools: Vec<Pool> = (0..scenario.pools)
             .map(|i| workload::pool(i, scenario.pools))
             .collect();
         let running = self.start(provider, &namespace)?;
-        self.load.create_pools(&namespace, &pools).await?;
-        let watch = Watch::start(&self.load.client, &namespace).await?;
+        let flavour = scenario.flavour;
+        self.load.create_pools(&namespace, flavour, &pools).await?;
+        let watch = Watch::start(&self.load, &namespace, flavour).await?;
         let mut run = Run {
             namespace,
+            flavour,
             pools,
             provider,
             running,
@@ -257,8 +280,7 @@ impl Runner {
     }
 
     async fn wait_pools_taken_up(&self, run: &mut Run<'_>) -> Result<(), String> {
-        let api: kube::Api<bitpool::api::capi_pools::InClusterIPPool> =
-            kube::Api::namespaced(self.load.client.clone(), &run.namespace);
+        let api = self.load.api(&run.namespace, &run.flavour.pools());
         let deadline = Instant::now() + self.limit;
         loop {
             let pools = api
@@ -268,7 +290,7 @@ impl Runner {
             let counted = pools
                 .items
                 .iter()
-                .filter(|p| p.status.as_ref().is_some_and(|s| s.ip_addresses.is_some()))
+                .filter(|p| run.flavour.taken_up(p))
                 .count();
             if counted == run.pools.len() {
                 return Ok(());
@@ -278,7 +300,7 @@ impl Runner {
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "only {counted} of {} pools have a status",
+                    "only {counted} of {} pools were taken up by the provider",
                     run.pools.len()
                 ));
             }
@@ -310,7 +332,9 @@ impl Runner {
             // The provider stops (as a crash or an upgrade would), the claims pile up, and a fresh
             // process is timed from its start.
             run.running.stop();
-            self.load.create_claims(&run.namespace, claims).await?;
+            self.load
+                .create_claims(&run.namespace, run.flavour, claims)
+                .await?;
             run.running = self.start(run.provider, &format!("{}-backlog", run.namespace))?;
             let served = self.all_served(run, total).await?;
             return Ok((
@@ -320,7 +344,9 @@ impl Runner {
         }
         let started = Instant::now();
         let before = run.running.usage()?;
-        self.load.create_claims(&run.namespace, claims).await?;
+        self.load
+            .create_claims(&run.namespace, run.flavour, claims)
+            .await?;
         let served = self.all_served(run, total).await?;
         Ok((served - started, cpu_since(&run.running, before)?))
     }
@@ -349,7 +375,11 @@ impl Runner {
             .map(|p| p.name.clone())
             .unwrap_or_default();
         self.load
-            .create_claims(&run.namespace, vec![("after-restart".into(), pool)])
+            .create_claims(
+                &run.namespace,
+                run.flavour,
+                vec![("after-restart".into(), pool)],
+            )
             .await?;
         let served = self.all_served(run, total).await?;
         let took = served - run.running.started;
@@ -367,7 +397,9 @@ impl Runner {
             .collect();
         let before = run.running.usage()?;
         let started = Instant::now();
-        self.load.delete_claims(&run.namespace, names).await?;
+        self.load
+            .delete_claims(&run.namespace, run.flavour, names)
+            .await?;
         let gone = run
             .watch
             .until(
@@ -389,8 +421,7 @@ impl Runner {
 
     /// Deletes the pools while the provider runs (it holds their finalizers), then the rest.
     async fn finish(&self, mut run: Run<'_>) -> Result<(), String> {
-        let api: kube::Api<bitpool::api::capi_pools::InClusterIPPool> =
-            kube::Api::namespaced(self.load.client.clone(), &run.namespace);
+        let api = self.load.api(&run.namespace, &run.flavour.pools());
         let _ = api
             .delete_collection(&Default::default(), &Default::default())
             .await;

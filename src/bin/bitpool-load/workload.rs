@@ -9,15 +9,17 @@ use std::time::{Duration, Instant};
 use bitpool::api::capi::{
     IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference, LocalObjectName,
 };
-use bitpool::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
 use futures::{StreamExt, stream};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams,
+};
+use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::flavour::Flavour;
 use crate::provider::Running;
 
 pub const POOL_GROUP: &str = "ipam.cluster.x-k8s.io";
@@ -96,9 +98,19 @@ impl Load {
         Err(format!("namespace {name} was not gone within {limit:?}"))
     }
 
-    pub async fn create_pools(&self, namespace: &str, pools: &[Pool]) -> Result<(), String> {
-        let api: Api<InClusterIPPool> = Api::namespaced(self.client.clone(), namespace);
-        let objects: Vec<InClusterIPPool> = pools.iter().map(pool_object).collect();
+    /// The namespace's objects of `resource`.
+    pub fn api(&self, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), namespace, resource)
+    }
+
+    pub async fn create_pools(
+        &self,
+        namespace: &str,
+        flavour: Flavour,
+        pools: &[Pool],
+    ) -> Result<(), String> {
+        let api = self.api(namespace, &flavour.pools());
+        let objects: Vec<DynamicObject> = pools.iter().map(|p| flavour.pool_object(p)).collect();
         self.each(objects, |pool| {
             let api = api.clone();
             async move { api.create(&PostParams::default(), &pool).await.map(drop) }
@@ -110,24 +122,15 @@ impl Load {
     pub async fn create_claims(
         &self,
         namespace: &str,
+        flavour: Flavour,
         claims: Vec<(String, String)>,
     ) -> Result<Duration, String> {
-        let api: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
+        let api = self.api(namespace, &flavour.claims());
         let started = Instant::now();
         self.each(claims, |(name, pool)| {
             let api = api.clone();
             async move {
-                let claim = IPAddressClaim::new(
-                    &name,
-                    IPAddressClaimSpec {
-                        cluster_name: None,
-                        pool_ref: IPPoolReference {
-                            name: pool,
-                            kind: POOL_KIND.into(),
-                            api_group: POOL_GROUP.into(),
-                        },
-                    },
-                );
+                let claim = flavour.claim_object(namespace, &name, &pool);
                 api.create(&PostParams::default(), &claim).await.map(drop)
             }
         })
@@ -139,9 +142,10 @@ impl Load {
     pub async fn delete_claims(
         &self,
         namespace: &str,
+        flavour: Flavour,
         names: Vec<String>,
     ) -> Result<Duration, String> {
-        let api: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
+        let api = self.api(namespace, &flavour.claims());
         let started = Instant::now();
         self.each(names, |name| {
             let api = api.clone();
@@ -160,6 +164,10 @@ impl Load {
     /// IPAddress objects of a pool kind no provider serves, created, then deleted again.
     pub async fn raw_rate(&self, namespace: &str, count: usize) -> Result<f64, String> {
         let api: Api<IPAddress> = Api::namespaced(self.client.clone(), namespace);
+        // What an interrupted run left behind would answer creates with 409.
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .map_err(|e| format!("cannot clear namespace {namespace}: {e}"))?;
         let names: Vec<String> = (0..count).map(|i| format!("raw-{i:06}")).collect();
         let started = Instant::now();
         self.each(names.clone(), |name| {
@@ -233,26 +241,6 @@ impl Load {
             Some(e) => Err(format!("an API call failed {ATTEMPTS} times: {e}")),
             None => Ok(()),
         }
-    }
-}
-
-fn pool_object(pool: &Pool) -> InClusterIPPool {
-    let gateway = match pool.network.network() {
-        IpAddr::V4(net) => IpAddr::V4((u32::from(net) + 1).into()),
-        IpAddr::V6(net) => IpAddr::V6((u128::from(net) + 1).into()),
-    };
-    InClusterIPPool {
-        metadata: ObjectMeta {
-            name: Some(pool.name.clone()),
-            ..Default::default()
-        },
-        spec: InClusterIPPoolSpec {
-            addresses: vec![pool.network.to_string()],
-            prefix: i32::from(pool.network.prefix_len()),
-            gateway: Some(gateway.to_string()),
-            ..Default::default()
-        },
-        status: None,
     }
 }
 
@@ -385,17 +373,19 @@ fn raw_address(name: &str) -> IPAddress {
 
 /// The load command's own view of a namespace's claims and address objects.
 pub struct Watch {
-    pub claims: Store<IPAddressClaim>,
-    pub addresses: Store<IPAddress>,
+    pub flavour: Flavour,
+    pub claims: Store<DynamicObject>,
+    pub addresses: Store<DynamicObject>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Watch {
-    pub async fn start(client: &Client, namespace: &str) -> Result<Self, String> {
-        let (claims, claims_task) =
-            cache(Api::<IPAddressClaim>::namespaced(client.clone(), namespace));
-        let (addresses, addresses_task) =
-            cache(Api::<IPAddress>::namespaced(client.clone(), namespace));
+    pub async fn start(load: &Load, namespace: &str, flavour: Flavour) -> Result<Self, String> {
+        let (claims, claims_task) = cache(load.api(namespace, &flavour.claims()), flavour.claims());
+        let (addresses, addresses_task) = cache(
+            load.api(namespace, &flavour.addresses()),
+            flavour.addresses(),
+        );
         for (what, ready) in [
             ("claims", claims.wait_until_ready().await),
             ("address objects", addresses.wait_until_ready().await),
@@ -403,6 +393,7 @@ impl Watch {
             ready.map_err(|e| format!("the watch of {what} failed: {e}"))?;
         }
         Ok(Self {
+            flavour,
             claims,
             addresses,
             tasks: vec![claims_task, addresses_task],
@@ -410,7 +401,8 @@ impl Watch {
     }
 
     pub fn ready_claims(&self) -> usize {
-        self.claims.state().iter().filter(|c| is_ready(c)).count()
+        let served = |c: &&std::sync::Arc<DynamicObject>| self.flavour.served_by(c).is_some();
+        self.claims.state().iter().filter(served).count()
     }
 
     /// Waits until `done` holds, the provider exits or `limit` passes; says how far it got.
@@ -446,31 +438,18 @@ impl Drop for Watch {
     }
 }
 
-fn cache<K>(api: Api<K>) -> (Store<K>, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
+fn cache(
+    api: Api<DynamicObject>,
+    resource: ApiResource,
+) -> (Store<DynamicObject>, tokio::task::JoinHandle<()>) {
+    let writer = Writer::new(resource);
+    let store = writer.as_reader();
     let stream = watcher(api, watcher::Config::default().any_semantic())
         .default_backoff()
         .reflect(writer)
         .applied_objects()
         .for_each(|_| futures::future::ready(()));
     (store, tokio::spawn(stream))
-}
-
-pub fn is_ready(claim: &IPAddressClaim) -> bool {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.address_ref.as_ref())
-        .is_some_and(|r| !r.name.is_empty())
 }
 
 /// Duplicates and misses among the claims of a run, checked on the server.
@@ -483,48 +462,44 @@ pub struct Verdict {
 }
 
 /// Lists the claims and address objects of `namespace` afresh and checks them against `pools`.
-pub async fn verify(client: &Client, namespace: &str, pools: &[Pool]) -> Result<Verdict, String> {
-    let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), namespace);
-    let addresses: Api<IPAddress> = Api::namespaced(client.clone(), namespace);
-    let claims = list_all(&claims).await?;
-    let addresses = list_all(&addresses).await?;
+pub async fn verify(
+    load: &Load,
+    namespace: &str,
+    flavour: Flavour,
+    pools: &[Pool],
+) -> Result<Verdict, String> {
+    let claims = list_all(&load.api(namespace, &flavour.claims())).await?;
+    let addresses = list_all(&load.api(namespace, &flavour.addresses())).await?;
     let networks: HashMap<&str, IpNet> =
         pools.iter().map(|p| (p.name.as_str(), p.network)).collect();
     let mut holders: BTreeMap<IpAddr, usize> = BTreeMap::new();
-    let by_name: HashMap<String, &IPAddress> =
-        addresses.iter().map(|a| (a.name_any(), a)).collect();
+    let mut by_name = HashMap::new();
     for address in &addresses {
-        if let Ok(ip) = address.spec.address.parse::<IpAddr>() {
-            *holders.entry(ip).or_default() += 1;
+        // An object without an address or its references counts as holding nothing: the
+        // claim it should serve is a miss.
+        if let Some(held) = flavour.held(address) {
+            *holders.entry(held.address).or_default() += 1;
+            by_name.insert(address.name_any(), held);
         }
     }
     let duplicates = holders.values().filter(|n| **n > 1).map(|n| n - 1).sum();
     let misses = claims
         .iter()
         .filter(|claim| {
-            let network = networks.get(claim.spec.pool_ref.name.as_str());
-            let object = claim
-                .status
-                .as_ref()
-                .and_then(|s| s.address_ref.as_ref())
-                .and_then(|r| by_name.get(&r.name));
-            !object.is_some_and(|a| {
-                a.spec.claim_ref.name == claim.name_any()
-                    && a.spec.pool_ref.name == claim.spec.pool_ref.name
-                    && a.spec
-                        .address
-                        .parse::<IpAddr>()
-                        .is_ok_and(|ip| network.is_some_and(|n| n.contains(&ip)))
+            let pool = flavour.claim_pool(claim).unwrap_or_default();
+            let network = networks.get(pool);
+            let held = flavour.served_by(claim).and_then(|name| by_name.get(name));
+            !held.is_some_and(|held| {
+                held.claim == claim.name_any()
+                    && held.pool == pool
+                    && network.is_some_and(|n| n.contains(&held.address))
             })
         })
         .count();
     Ok(Verdict { duplicates, misses })
 }
 
-async fn list_all<K>(api: &Api<K>) -> Result<Vec<K>, String>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
-{
+pub async fn list_all(api: &Api<DynamicObject>) -> Result<Vec<DynamicObject>, String> {
     let mut items = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
