@@ -72,6 +72,10 @@ struct Args {
     /// The largest run the peer takes part in (the upstream provider slows down as pools fill).
     #[arg(long, default_value_t = 3000)]
     peer_max: usize,
+    /// The largest run a peer takes part in at its default flags (at most --peer-max; Metal3's
+    /// ip-address-manager serves about 10 claims/s at its defaults).
+    #[arg(long)]
+    peer_defaults_max: Option<usize>,
     /// Longest wait for any one phase, in seconds.
     #[arg(long, default_value_t = 1800)]
     timeout: u64,
@@ -149,7 +153,11 @@ async fn run(args: Args) -> Result<(), String> {
     let mut rows = Vec::new();
     for scenario in scenarios(&args)? {
         for provider in &providers {
-            if !scenario.for_provider(provider, args.peer_max) {
+            let most = match provider.extra.is_empty() {
+                true => args.peer_defaults_max.unwrap_or(args.peer_max),
+                false => args.peer_max,
+            };
+            if !scenario.for_provider(provider, most.min(args.peer_max)) {
                 continue;
             }
             eprintln!("load: {} with {}", scenario.describe(), provider.label());
