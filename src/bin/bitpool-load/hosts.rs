@@ -21,7 +21,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::provider::{Kind, Provider, Running, Serving};
+use crate::provider::{BITPOOL_CLIENT_LIMITS, Kind, Provider, Running, Serving};
 use crate::workload::{Load, list_all};
 
 const CLUSTER: &str = "fleet";
@@ -60,6 +60,37 @@ impl Setup {
     }
 }
 
+/// The client rate limits the upstream managers run with: their defaults (CAPM3 and Metal3's
+/// ip-address-manager 20 requests/s), or bitpool's (`--kube-api-qps=500 --kube-api-burst=1000`;
+/// the in-cluster provider has no such flag and keeps its defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limits {
+    Defaults,
+    Bitpools,
+}
+
+impl Limits {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Defaults => "defaults",
+            Self::Bitpools => "bitpool's",
+        }
+    }
+
+    /// `provider` with these limits.
+    fn apply(self, provider: &Provider) -> Provider {
+        let settable = matches!(provider.kind, Kind::Capm3 | Kind::Metal3Ipam);
+        let extra = match self {
+            Self::Bitpools if settable => BITPOOL_CLIENT_LIMITS.map(String::from).to_vec(),
+            _ => Vec::new(),
+        };
+        Provider {
+            extra,
+            ..provider.clone()
+        }
+    }
+}
+
 /// The managers a setup may run.
 pub struct Managers {
     pub bitpool: Provider,
@@ -70,17 +101,19 @@ pub struct Managers {
 
 impl Managers {
     /// Who serves the pools and renders (besides CAPM3, which runs in every setup).
-    fn serving(&self, setup: Setup) -> Vec<&Provider> {
-        match setup {
+    fn serving(&self, setup: Setup, limits: Limits) -> Vec<Provider> {
+        let providers = match setup {
             Setup::Upstream => vec![&self.metal3_ipam, &self.in_cluster],
             Setup::Capm3WithBitpool | Setup::Bitpool => vec![&self.bitpool],
-        }
+        };
+        providers.into_iter().map(|p| limits.apply(p)).collect()
     }
 }
 
 /// What one setup measured.
 pub struct HostsRow {
     setup: Setup,
+    limits: Limits,
     hosts: usize,
     rendered: Duration,
     /// CPU seconds of who serves the pools (and renders, for bitpool), from the Machines'
@@ -101,12 +134,13 @@ impl HostsRow {
 
 pub fn table(rows: &[HostsRow]) -> String {
     let mut out = String::from(
-        "| setup | hosts | every host rendered (s) | hosts/s | IPAM (+ rendering) CPU s | its peak RSS MiB | CAPM3 CPU s | duplicates | misses |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| setup | upstream client limits | hosts | every host rendered (s) | hosts/s | IPAM (+ rendering) CPU s | its peak RSS MiB | CAPM3 CPU s | duplicates | misses |\n|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} | {} | {} |\n",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} | {} | {} |\n",
             r.setup.describe(),
+            r.limits.describe(),
             r.hosts,
             r.rendered.as_secs_f64(),
             r.hosts as f64 / r.rendered.as_secs_f64().max(1e-9),
@@ -130,14 +164,22 @@ pub struct HostsRunner<'a> {
 }
 
 impl HostsRunner<'_> {
-    /// Every setup with `hosts` hosts, one after the other, each in a namespace of its own.
+    /// Every setup with `hosts` hosts, the upstream managers at their default client limits,
+    /// then at bitpool's; one after the other, each in a namespace of its own.
     pub async fn measure(&self, hosts: usize) -> Result<Vec<HostsRow>, String> {
         let serving = Serving::new(&self.logs.join("capm3-certs"))?;
         self.install_crds(&serving).await?;
         let mut rows = Vec::new();
-        for setup in Setup::ALL {
-            eprintln!("load: {hosts} hosts rendered, {}", setup.describe());
-            let row = self.run(setup, hosts, &serving).await?;
+        for (limits, setup) in [Limits::Defaults, Limits::Bitpools]
+            .into_iter()
+            .flat_map(|l| Setup::ALL.map(|s| (l, s)))
+        {
+            eprintln!(
+                "load: {hosts} hosts rendered, {} (upstream client limits: {})",
+                setup.describe(),
+                limits.describe()
+            );
+            let row = self.run(setup, limits, hosts, &serving).await?;
             eprintln!(
                 "load: {:.1} s, IPAM CPU {:.1} s, CAPM3 CPU {:.1} s, {} duplicates, {} misses",
                 row.rendered.as_secs_f64(),
@@ -193,21 +235,31 @@ impl HostsRunner<'_> {
             .map_err(|e| format!("cannot install the CRDs: {e}"))
     }
 
-    async fn run(&self, setup: Setup, hosts: usize, serving: &Serving) -> Result<HostsRow, String> {
+    async fn run(
+        &self,
+        setup: Setup,
+        limits: Limits,
+        hosts: usize,
+        serving: &Serving,
+    ) -> Result<HostsRow, String> {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or_default();
-        let namespace = format!("load-hosts-{}-{stamp}", setup.slug());
+        let tuned = match limits {
+            Limits::Defaults => "",
+            Limits::Bitpools => "-tuned",
+        };
+        let namespace = format!("load-hosts-{}{tuned}-{stamp}", setup.slug());
         self.load.ensure_namespace(&namespace).await?;
         let log = |name: &str| self.logs.join(format!("{namespace}-{name}.log"));
-        let mut capm3 = self
-            .managers
-            .capm3
-            .start(&self.kubeconfig, &log("capm3"), serving)?;
+        let mut capm3 =
+            limits
+                .apply(&self.managers.capm3)
+                .start(&self.kubeconfig, &log("capm3"), serving)?;
         serving.listening(&mut capm3, self.limit).await?;
         let mut others = Vec::new();
-        for provider in self.managers.serving(setup) {
+        for provider in self.managers.serving(setup, limits) {
             let own = Serving::new(
                 &self
                     .logs
@@ -247,6 +299,7 @@ impl HostsRunner<'_> {
         }
         Ok(HostsRow {
             setup,
+            limits,
             hosts,
             rendered,
             serving_cpu,
