@@ -688,12 +688,22 @@ const CLUSTER_KINDS: [(&str, &str); 9] = [
 
 /// Whether the namespace holds no object of any of `kinds`.
 async fn none_left(client: &Client, kinds: &[(&str, &str)]) -> bool {
+    left(client, kinds).await.is_empty()
+}
+
+/// The namespace's objects of `kinds`: kind, name, and what holds a deleting one.
+async fn left(client: &Client, kinds: &[(&str, &str)]) -> Vec<String> {
+    let mut found = Vec::new();
     for (version, kind) in kinds {
-        if !list(client, version, kind).await.is_empty() {
-            return false;
+        for object in list(client, version, kind).await {
+            let deleting = match object.metadata.deletion_timestamp {
+                Some(_) => format!(" deleting, finalizers {:?}", object.finalizers()),
+                None => String::new(),
+            };
+            found.push(format!("{kind} {}{deleting}", object.name_any()));
         }
     }
-    true
+    found
 }
 
 /// Deletes the Cluster and waits until everything of it is gone; the CAPI pool stays unless
@@ -703,10 +713,21 @@ async fn delete_cluster(client: &Client, capi_pool_deleted: bool) {
         .delete(CLUSTER, &DeleteParams::default())
         .await
         .expect("delete the Cluster");
+    // What is still there is said every 30 s, so that a wait that times out shows what held it.
+    let started = std::time::Instant::now();
+    let said = std::sync::atomic::AtomicU64::new(0);
     eventually(
         "the Cluster's machines, data, claims and addresses are gone",
         WAIT,
-        || async { none_left(client, &CLUSTER_KINDS).await.then_some(()) },
+        || async {
+            let left = left(client, &CLUSTER_KINDS).await;
+            let period = started.elapsed().as_secs() / 30;
+            if !left.is_empty() && period > said.swap(period, std::sync::atomic::Ordering::Relaxed)
+            {
+                eprintln!("after {:?}, still there: {left:?}", started.elapsed());
+            }
+            left.is_empty().then_some(())
+        },
     )
     .await;
     // A Metal3 pool that names its Cluster is owned by it, as Metal3 IPAM makes it, and goes

@@ -21,7 +21,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::provider::{BITPOOL_CLIENT_LIMITS, Kind, Provider, Running, Serving};
+use crate::provider::{Kind, Provider, Running, Serving};
 use crate::workload::{Load, list_all};
 
 const CLUSTER: &str = "fleet";
@@ -79,14 +79,9 @@ impl Limits {
 
     /// `provider` with these limits.
     fn apply(self, provider: &Provider) -> Provider {
-        let settable = matches!(provider.kind, Kind::Capm3 | Kind::Metal3Ipam);
-        let extra = match self {
-            Self::Bitpools if settable => BITPOOL_CLIENT_LIMITS.map(String::from).to_vec(),
-            _ => Vec::new(),
-        };
-        Provider {
-            extra,
-            ..provider.clone()
+        match self {
+            Self::Defaults => provider.clone(),
+            Self::Bitpools => provider.at_bitpool_limits(),
         }
     }
 }

@@ -22,7 +22,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 
 use flavour::Flavour;
-use provider::{BITPOOL_CLIENT_LIMITS, Kind, Provider};
+use provider::{Kind, Provider};
 use scenario::{Row, Scenario};
 
 #[derive(Parser, Debug)]
@@ -113,10 +113,7 @@ async fn run(args: Args) -> Result<(), String> {
     }
     if let Some(binary) = &args.metal3_ipam {
         let peer = Provider::new(Kind::Metal3Ipam, binary.clone());
-        let tuned = Provider {
-            extra: BITPOOL_CLIENT_LIMITS.map(String::from).to_vec(),
-            ..peer.clone()
-        };
+        let tuned = peer.at_bitpool_limits();
         providers.extend([peer, tuned]);
     }
     let runner = scenario::Runner {
@@ -144,7 +141,9 @@ async fn run(args: Args) -> Result<(), String> {
         let rows = runner.measure(hosts).await?;
         print!("{}", hosts::table(&rows));
         if rows.iter().any(hosts::HostsRow::failed) {
-            return Err("a run of hosts handed out a duplicate".into());
+            return Err(
+                "a run of hosts handed out a duplicate or left a host without its addresses".into(),
+            );
         }
         if !claim_runs(&args) {
             return Ok(());
@@ -153,11 +152,7 @@ async fn run(args: Args) -> Result<(), String> {
     let mut rows = Vec::new();
     for scenario in scenarios(&args)? {
         for provider in &providers {
-            let most = match provider.extra.is_empty() {
-                true => args.peer_defaults_max.unwrap_or(args.peer_max),
-                false => args.peer_max,
-            };
-            if !scenario.for_provider(provider, most.min(args.peer_max)) {
+            if !takes_part(&args, &scenario, provider) {
                 continue;
             }
             eprintln!("load: {} with {}", scenario.describe(), provider.label());
@@ -172,6 +167,16 @@ async fn run(args: Args) -> Result<(), String> {
         return Err("a run handed out a duplicate or left a claim without its address".into());
     }
     Ok(())
+}
+
+/// Whether `provider` runs `scenario`: a peer up to --peer-max claims, and at its default flags
+/// up to --peer-defaults-max.
+fn takes_part(args: &Args, scenario: &Scenario, provider: &Provider) -> bool {
+    let most = match provider.extra.is_empty() {
+        true => args.peer_defaults_max.unwrap_or(args.peer_max),
+        false => args.peer_max,
+    };
+    scenario.for_provider(provider, most.min(args.peer_max))
 }
 
 /// Whether runs of claims were asked for.

@@ -33,7 +33,7 @@ impl Kind {
 
 /// bitpool's own client limits (`bitpool run --kube-api-qps/--kube-api-burst` defaults), given
 /// to a peer for a run at the same limits.
-pub const BITPOOL_CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=500", "--kube-api-burst=1000"];
+const BITPOOL_CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=500", "--kube-api-burst=1000"];
 
 #[derive(Clone, Debug)]
 pub struct Provider {
@@ -58,6 +58,19 @@ impl Provider {
             Kind::InCluster => "in-cluster",
             Kind::Metal3Ipam => "metal3-ipam",
             Kind::Capm3 => "capm3",
+        }
+    }
+
+    /// The provider at bitpool's client limits, where it has flags for them (CAPM3's and
+    /// Metal3's managers; the in-cluster provider has none).
+    pub fn at_bitpool_limits(&self) -> Self {
+        let extra = match self.kind {
+            Kind::Capm3 | Kind::Metal3Ipam => BITPOOL_CLIENT_LIMITS.map(String::from).to_vec(),
+            Kind::Bitpool | Kind::InCluster => self.extra.clone(),
+        };
+        Self {
+            extra,
+            ..self.clone()
         }
     }
 
