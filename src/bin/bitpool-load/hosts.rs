@@ -306,7 +306,7 @@ impl HostsRunner<'_> {
     }
 }
 
-fn read_crds(file: &Path) -> Result<Vec<CustomResourceDefinition>, String> {
+pub fn read_crds(file: &Path) -> Result<Vec<CustomResourceDefinition>, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     serde_saphyr::from_multiple(&text).map_err(|e| format!("cannot parse {}: {e}", file.display()))

@@ -252,12 +252,7 @@ async fn install_missing_crds(
             "in-cluster/ipam.cluster.x-k8s.io_inclusterprefixpools.yaml",
             "in-cluster/ipam.cluster.x-k8s.io_globalinclusterprefixpools.yaml",
         ] {
-            let path = dir.join(file);
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let crds: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&text)
-                .map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
-            wanted.extend(crds);
+            wanted.extend(hosts::read_crds(&dir.join(file))?);
         }
     } else {
         wanted.extend(bitpool::crds::standalone());
