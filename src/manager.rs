@@ -20,10 +20,12 @@ use crate::api::metal3_ipam::{IPClaim, IPPool};
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
+use crate::ipam::kinds::AnyAddress;
 use crate::ipam::{self, claims, proxy, transaction};
 use crate::metal3data;
 use crate::runtime::cache::{Caches, Shared};
 use crate::runtime::controller::{Switch, run_controller};
+use crate::runtime::trigger::triggered_by;
 use crate::runtime::{Context, Settings, objects};
 
 /// The controllers a process runs (`None` for those of a group that is off).
@@ -219,24 +221,32 @@ where
                 .filter_map(|k| k.object_ref::<P>())
                 .collect::<Vec<_>>()
         })
-        .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
-            let claim = address.meta().namespace.as_ref().and_then(|ns| {
-                for_addresses
+        .reconcile_on(triggered_by(
+            caches.addresses.index.subscribe(),
+            move |address| {
+                let claim = for_addresses
                     .claims
-                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))
-            });
-            PoolKey::of_address(&address)
-                .into_iter()
-                .chain(claim.and_then(|c| proxied_for(&for_addresses, &c)))
-                .filter_map(|k| k.object_ref::<P>())
-                .collect::<Vec<_>>()
-        })
+                    .get(&ObjectRef::new(&address.claim).within(&address.meta.namespace));
+                let address = AnyAddress::from(address);
+                address
+                    .pool_key()
+                    .into_iter()
+                    .chain(claim.and_then(|c| proxied_for(&for_addresses, &c)))
+                    .filter_map(|k| k.object_ref::<P>())
+                    .collect::<Vec<_>>()
+            },
+        ))
         .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
             PoolKey::of_ipclaim(&claim).and_then(|k| k.object_ref::<P>())
         })
-        .watches_shared_stream(caches.metal3_addresses.subscribe()?, |address| {
-            PoolKey::of_metal3_address(&address).and_then(|k| k.object_ref::<P>())
-        })
+        .reconcile_on(triggered_by(
+            caches.metal3_addresses.index.subscribe(),
+            |address| {
+                AnyAddress::from(address)
+                    .pool_key()
+                    .and_then(|k| k.object_ref::<P>())
+            },
+        ))
         // A pool of any kind that comes, changes or goes: the pools it meets say so.
         .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store))
         .watches_shared_stream(caches.global_pools.subscribe()?, meeting(&pools.store))

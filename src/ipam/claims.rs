@@ -107,10 +107,7 @@ async fn release_orphan(ctx: &Context, claim: &AnyClaim, key: &PoolKey) -> Resul
         .call_on(Verb::List, format!("address objects in {namespace}"))?;
     let claimed = (claim.kind(), claim.name());
     let own: Vec<AnyAddress> = fresh
-        .capi
-        .into_iter()
-        .map(AnyAddress::Capi)
-        .chain(fresh.metal3.into_iter().map(AnyAddress::Metal3))
+        .all()
         .filter(|a| a.pool_key().as_ref() == Some(key) && a.claim() == claimed)
         .collect();
     if own.is_empty() {

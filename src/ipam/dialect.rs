@@ -19,7 +19,9 @@ use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use crate::ipam::ledger::Ledger;
 use crate::ipam::overlaps::{Covered, Overlap};
+use crate::runtime::cached::{AddressApi, AddressObject};
 use crate::runtime::error::{Call, Error, Verb};
+use crate::runtime::index::Index;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -150,14 +152,15 @@ pub trait PoolDialect:
     /// default the IPAddresses whose `poolRef` names it.
     fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
         let key = self.key();
-        let all = match fresh {
-            Some(fresh) => fresh.capi.clone(),
-            None => ctx.addresses.state(),
-        };
-        all.into_iter()
-            .filter(|a| key.is_named_by(&a.spec.pool_ref, a.metadata.namespace.as_deref()))
-            .map(AnyAddress::Capi)
-            .collect()
+        match fresh {
+            Some(fresh) => fresh
+                .capi
+                .iter()
+                .filter(|a| a.is_of(&key))
+                .cloned()
+                .collect(),
+            None => cached_addresses(&ctx.addresses, &key),
+        }
     }
     /// The address object `claim` gets for `lease`, or why none can be written.
     fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String>;
@@ -176,7 +179,7 @@ pub trait PoolDialect:
     /// cluster label), as [`Self::new_address`] writes it: an object made by hand or restored
     /// from a backup is given them, as upstream does. `None` for Metal3 claims.
     fn address_metadata(&self, claim: &AnyClaim, object: &AnyAddress) -> Option<ObjectMeta> {
-        let (AnyClaim::Capi(_), AnyAddress::Capi(_)) = (claim, object) else {
+        let (AnyClaim::Capi(_), AddressApi::Capi) = (claim, object.api) else {
             return None;
         };
         // Only the metadata is kept: the lease's values do not matter.
@@ -193,10 +196,28 @@ pub trait PoolDialect:
     }
 }
 
+/// The address objects of the pool `key` in `cache`.
+pub fn cached_addresses(cache: &Index<AddressObject>, key: &PoolKey) -> Vec<AnyAddress> {
+    let of_pool = |a: &Arc<AddressObject>| key.is_named_by(&a.pool, Some(&a.meta.namespace));
+    cache
+        .state()
+        .into_iter()
+        .filter(of_pool)
+        .map(AnyAddress::from)
+        .collect()
+}
+
 /// Address objects read from the server (not a cache), for decisions a stale cache must not make.
 pub struct FreshAddresses {
-    pub capi: Vec<Arc<capi::IPAddress>>,
-    pub metal3: Vec<Arc<metal3_ipam::Metal3IPAddress>>,
+    pub capi: Vec<AnyAddress>,
+    pub metal3: Vec<AnyAddress>,
+}
+
+impl FreshAddresses {
+    /// Both kinds.
+    pub fn all(self) -> impl Iterator<Item = AnyAddress> {
+        self.capi.into_iter().chain(self.metal3)
+    }
 }
 
 /// Which address kinds a pool's addresses can be of, and so which are read for it.
@@ -240,8 +261,8 @@ pub async fn listed_addresses(
         _ => Vec::new(),
     };
     Ok(FreshAddresses {
-        capi: capi.into_iter().map(Arc::new).collect(),
-        metal3: metal3.into_iter().map(Arc::new).collect(),
+        capi: capi.iter().filter_map(AnyAddress::capi).collect(),
+        metal3: metal3.iter().filter_map(AnyAddress::metal3).collect(),
     })
 }
 

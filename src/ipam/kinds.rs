@@ -16,6 +16,7 @@ use crate::alloc::AllocError;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, LocalObjectName};
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
 use crate::client::deadline::Deadline;
+use crate::runtime::cached::{AddressApi, AddressObject};
 use crate::runtime::error::{Call, Error, Verb, object_of};
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -217,12 +218,12 @@ impl AnyClaim {
             AnyClaim::Capi(_) => {
                 let api = Api::<IPAddress>::namespaced(ctx.client.clone(), &ns);
                 let found = objects::get_optional(&api, name).await?;
-                Ok(found.map(|a| AnyAddress::Capi(Arc::new(a))))
+                Ok(found.as_ref().and_then(AnyAddress::capi))
             }
             AnyClaim::Metal3(_) => {
                 let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns);
                 let found = objects::get_optional(&api, name).await?;
-                Ok(found.map(|a| AnyAddress::Metal3(Arc::new(a))))
+                Ok(found.as_ref().and_then(AnyAddress::metal3))
             }
         }
     }
@@ -450,112 +451,126 @@ pub enum FetchError {
     Api(Error),
 }
 
-/// An existing address object.
-#[derive(Clone, Debug)]
-pub enum AnyAddress {
-    Capi(Arc<IPAddress>),
-    Metal3(Arc<Metal3IPAddress>),
+/// An existing address object of either API, as the caches hold it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AnyAddress(Arc<AddressObject>);
+
+impl From<Arc<AddressObject>> for AnyAddress {
+    fn from(object: Arc<AddressObject>) -> Self {
+        Self(object)
+    }
+}
+
+impl std::ops::Deref for AnyAddress {
+    type Target = AddressObject;
+    fn deref(&self) -> &AddressObject {
+        &self.0
+    }
 }
 
 impl AnyAddress {
-    /// The pool the object says it is from.
-    pub fn pool_key(&self) -> Option<super::key::PoolKey> {
-        match self {
-            AnyAddress::Capi(a) => super::key::PoolKey::of_address(a),
-            AnyAddress::Metal3(a) => super::key::PoolKey::of_metal3_address(a),
+    /// A CAPI IPAddress read from the server; `None` without a name or namespace.
+    pub fn capi(object: &IPAddress) -> Option<Self> {
+        AddressObject::of_capi(object).map(|a| Self(Arc::new(a)))
+    }
+
+    /// A Metal3 IPAddress read from the server; `None` without a name or namespace.
+    pub fn metal3(object: &Metal3IPAddress) -> Option<Self> {
+        AddressObject::of_metal3(object).map(|a| Self(Arc::new(a)))
+    }
+
+    /// The kind of claim it answers.
+    pub fn claim_kind(&self) -> ClaimKind {
+        match self.api {
+            AddressApi::Capi => ClaimKind::Capi,
+            AddressApi::Metal3 => ClaimKind::Metal3,
         }
     }
 
-    pub fn meta(&self) -> &ObjectMeta {
-        match self {
-            AnyAddress::Capi(a) => a.meta(),
-            AnyAddress::Metal3(a) => a.meta(),
-        }
+    /// The pool the object says it is from.
+    pub fn pool_key(&self) -> Option<super::key::PoolKey> {
+        super::key::PoolKey::of_ref(&self.pool, &self.meta.namespace)
+            .filter(|key| !key.name.is_empty())
+    }
+
+    /// Whether the object says it is from the pool `key`.
+    pub fn is_of(&self, key: &super::key::PoolKey) -> bool {
+        key.is_named_by(&self.pool, Some(&self.meta.namespace))
     }
 
     pub fn name(&self) -> String {
-        self.meta().name.clone().unwrap_or_default()
+        self.meta.name.to_string()
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.meta.namespace
+    }
+
+    pub fn uid(&self) -> String {
+        self.meta.uid.to_string()
+    }
+
+    pub fn deleting(&self) -> bool {
+        self.meta.deleted.is_some()
     }
 
     pub fn ip(&self) -> Option<IpAddr> {
-        match self {
-            AnyAddress::Capi(a) => a.spec.address.parse().ok(),
-            AnyAddress::Metal3(a) => a.spec.address.parse().ok(),
-        }
+        self.address.parse().ok()
     }
 
     /// `<Kind> <namespace>/<name>`, for logs.
     pub fn describe(&self) -> String {
-        let kind = match self {
-            AnyAddress::Capi(_) => "IPAddress",
-            AnyAddress::Metal3(_) => "IPAddress.ipam.metal3.io",
+        let kind = match self.api {
+            AddressApi::Capi => "IPAddress",
+            AddressApi::Metal3 => "IPAddress.ipam.metal3.io",
         };
-        format!(
-            "{kind} {}/{}",
-            self.meta().namespace.as_deref().unwrap_or_default(),
-            self.name()
-        )
+        format!("{kind} {}/{}", self.meta.namespace, self.meta.name)
     }
 
     /// The UID of the claim it was created for (from its owner references).
     pub fn claim_uid(&self) -> Option<String> {
-        let kind = match self {
-            AnyAddress::Capi(_) => "IPAddressClaim",
-            AnyAddress::Metal3(_) => "IPClaim",
+        let kind = match self.api {
+            AddressApi::Capi => "IPAddressClaim",
+            AddressApi::Metal3 => "IPClaim",
         };
-        self.meta()
-            .owner_references
+        self.meta
+            .owners
             .iter()
-            .flatten()
-            .find(|o| o.kind == kind)
-            .map(|o| o.uid.clone())
+            .find(|o| &*o.kind == kind)
+            .map(|o| o.uid.to_string())
     }
 
     /// The kind of claim it answers, and that claim's name.
     pub fn claim(&self) -> (ClaimKind, String) {
-        match self {
-            AnyAddress::Capi(a) => (ClaimKind::Capi, a.spec.claim_ref.name.clone()),
-            AnyAddress::Metal3(a) => (
-                ClaimKind::Metal3,
-                a.spec.claim.name.clone().unwrap_or_default(),
-            ),
-        }
+        (self.claim_kind(), self.claim.to_string())
     }
 
     /// Merge-patches the object (its metadata).
     pub async fn merge_patch(&self, ctx: &Context, patch: serde_json::Value) -> Result<(), Error> {
-        let ns = self.meta().namespace.clone().unwrap_or_default();
-        match self {
-            AnyAddress::Capi(a) => {
-                let api = Api::<IPAddress>::namespaced(ctx.client.clone(), &ns);
-                objects::merge_patch(&api, &a.name_any(), patch).await
+        let (ns, name) = (self.namespace(), &*self.meta.name);
+        match self.api {
+            AddressApi::Capi => {
+                let api = Api::<IPAddress>::namespaced(ctx.client.clone(), ns);
+                objects::merge_patch(&api, name, patch).await
             }
-            AnyAddress::Metal3(a) => {
-                let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns);
-                objects::merge_patch(&api, &a.name_any(), patch).await
+            AddressApi::Metal3 => {
+                let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), ns);
+                objects::merge_patch(&api, name, patch).await
             }
         }
     }
 
     /// Removes `finalizer`, deletes the object, and reports whether it is gone.
     pub async fn delete(&self, ctx: &Context, finalizer: &str) -> Result<bool, Error> {
-        let ns = self.meta().namespace.clone().unwrap_or_default();
-        match self {
-            AnyAddress::Capi(a) => {
-                delete_with(
-                    &Api::<IPAddress>::namespaced(ctx.client.clone(), &ns),
-                    &a.name_any(),
-                    finalizer,
-                )
-                .await
+        let (ns, name) = (self.namespace(), &*self.meta.name);
+        match self.api {
+            AddressApi::Capi => {
+                let api = Api::<IPAddress>::namespaced(ctx.client.clone(), ns);
+                delete_with(&api, name, finalizer).await
             }
-            AnyAddress::Metal3(a) => {
-                delete_with(
-                    &Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns),
-                    &a.name_any(),
-                    finalizer,
-                )
-                .await
+            AddressApi::Metal3 => {
+                let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), ns);
+                delete_with(&api, name, finalizer).await
             }
         }
     }
@@ -638,7 +653,7 @@ impl NewAddress {
                             Some(Created::Confirmed)
                         }
                         Ok::<IpAddr, _>(_) if owned_by_claim(existing.meta()) => {
-                            Some(Created::Own(AnyAddress::Capi(Arc::new(existing.clone()))))
+                            AnyAddress::capi(existing).map(Created::Own)
                         }
                         _ => None,
                     }

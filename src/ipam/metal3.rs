@@ -14,7 +14,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::dialect::{AddressKinds, FreshAddresses, PoolDialect, Report};
+use super::dialect::{AddressKinds, FreshAddresses, PoolDialect, Report, cached_addresses};
 use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::spec;
@@ -161,19 +161,17 @@ impl PoolDialect for IPPool {
 
     fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
         let key = self.key();
-        let (metal3, capi) = match fresh {
-            Some(fresh) => (fresh.metal3.clone(), fresh.capi.clone()),
-            None => (ctx.metal3_addresses.state(), ctx.addresses.state()),
-        };
-        let metal3 = metal3
-            .into_iter()
-            .filter(|a| PoolKey::of_metal3_address(a).as_ref() == Some(&key))
-            .map(AnyAddress::Metal3);
-        let capi = capi
-            .into_iter()
-            .filter(|a| key.is_named_by(&a.spec.pool_ref, a.metadata.namespace.as_deref()))
-            .map(AnyAddress::Capi);
-        metal3.chain(capi).collect()
+        match fresh {
+            Some(fresh) => (fresh.metal3.iter().chain(&fresh.capi))
+                .filter(|a| a.is_of(&key))
+                .cloned()
+                .collect(),
+            None => {
+                let mut all = cached_addresses(&ctx.metal3_addresses, &key);
+                all.extend(cached_addresses(&ctx.addresses, &key));
+                all
+            }
+        }
     }
 
     fn address_name_problem(&self, _claim: &AnyClaim, family: alloc::Family) -> Option<String> {

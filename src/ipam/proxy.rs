@@ -26,6 +26,7 @@ use super::metal3::metal3_address;
 use super::transaction;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
+use crate::runtime::cached::AddressApi;
 use crate::runtime::error::{Call, Error, Verb, object_of};
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -131,7 +132,7 @@ async fn reconcile_proxy(
         mirrors: pool
             .addresses(&ctx, None)
             .into_iter()
-            .filter(|a| matches!(a, AnyAddress::Metal3(_)))
+            .filter(|a| a.api == AddressApi::Metal3)
             .map(|a| (a.claim().1, a))
             .collect(),
     };

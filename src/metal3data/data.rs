@@ -651,15 +651,12 @@ fn metal3_address(ctx: &Context, claim: &IPClaim, pool: &str) -> ClaimState {
         return ClaimState::Waiting(format!("waiting for an address from pool {pool}"));
     };
     let namespace = claim.namespace().unwrap_or_default();
-    match ctx
-        .metal3_addresses
-        .get(&ObjectRef::new(&address_name).within(&namespace))
-    {
+    match ctx.metal3_addresses.get(&namespace, &address_name) {
         Some(address) => ClaimState::Address(PoolAddress {
-            address: address.spec.address.clone(),
-            prefix: address.spec.prefix.unwrap_or(0),
-            gateway: address.spec.gateway.clone().unwrap_or_default(),
-            dns_servers: address.spec.dns_servers.clone(),
+            address: address.address.to_string(),
+            prefix: address.prefix.unwrap_or(0),
+            gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
+            dns_servers: address.dns_servers.iter().map(|d| d.to_string()).collect(),
         }),
         None => ClaimState::Waiting(format!("IPAddress {address_name} not found")),
     }
@@ -687,16 +684,13 @@ fn capi_address(ctx: &Context, claim: &IPAddressClaim, reference: &PoolReference
         };
     };
     let namespace = claim.namespace().unwrap_or_default();
-    let Some(address) = ctx
-        .addresses
-        .get(&ObjectRef::new(&address_name).within(&namespace))
-    else {
+    let Some(address) = ctx.addresses.get(&namespace, &address_name) else {
         return ClaimState::Waiting(format!("IPAddress {address_name} not found"));
     };
     ClaimState::Address(PoolAddress {
-        address: address.spec.address.clone(),
-        prefix: address.spec.prefix,
-        gateway: address.spec.gateway.clone().unwrap_or_default(),
+        address: address.address.to_string(),
+        prefix: address.prefix.unwrap_or(0),
+        gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
         dns_servers: capi_pool_dns(ctx, reference, &namespace),
     })
 }

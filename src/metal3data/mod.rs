@@ -19,6 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::runtime::Context;
 use crate::runtime::cache::{Caches, Shared};
+use crate::runtime::trigger::triggered_by;
 
 /// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
 pub(crate) fn template_controller(
@@ -78,19 +79,23 @@ pub(crate) fn data_controller(
             .watches_shared_stream(caches.claims.subscribe()?, |claim| {
                 data::owner_data(claim.meta())
             })
-            .watches_shared_stream(caches.addresses.subscribe()?, move |address| {
-                let ns = address.meta().namespace.as_deref()?;
-                let claim = for_capi
-                    .claims
-                    .get(&ObjectRef::new(&address.spec.claim_ref.name).within(ns))?;
-                data::owner_data(claim.meta())
-            })
-            .watches_shared_stream(caches.metal3_addresses.subscribe()?, move |address| {
-                let ns = address.meta().namespace.as_deref()?;
-                let claim = for_metal3
-                    .ipclaims
-                    .get(&ObjectRef::new(address.spec.claim.name.as_deref()?).within(ns))?;
-                data::owner_data(claim.meta())
-            }),
+            .reconcile_on(triggered_by(
+                caches.addresses.index.subscribe(),
+                move |address| {
+                    let claim = for_capi
+                        .claims
+                        .get(&ObjectRef::new(&address.claim).within(&address.meta.namespace))?;
+                    data::owner_data(claim.meta())
+                },
+            ))
+            .reconcile_on(triggered_by(
+                caches.metal3_addresses.index.subscribe(),
+                move |address| {
+                    let claim = for_metal3
+                        .ipclaims
+                        .get(&ObjectRef::new(&address.claim).within(&address.meta.namespace))?;
+                    data::owner_data(claim.meta())
+                },
+            )),
     )
 }

@@ -13,7 +13,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
+use super::cached::AddressObject;
 use super::context::{Context, Settings};
+use super::index::Watched;
 use super::trigger;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{
@@ -126,9 +128,9 @@ async fn crd_exists(client: &Client, name: &str) -> bool {
 /// One shared cache per watched kind.
 pub(crate) struct Caches {
     pub(crate) claims: Shared<IPAddressClaim>,
-    pub(crate) addresses: Shared<IPAddress>,
+    pub(crate) addresses: Watched<IPAddress, AddressObject>,
     pub(crate) ipclaims: Shared<IPClaim>,
-    pub(crate) metal3_addresses: Shared<Metal3IPAddress>,
+    pub(crate) metal3_addresses: Watched<Metal3IPAddress, AddressObject>,
     pub(crate) clusters: Option<Shared<Cluster>>,
     pub(crate) pools: Shared<InClusterIPPool>,
     pub(crate) global_pools: Shared<GlobalInClusterIPPool>,
@@ -153,9 +155,9 @@ impl Caches {
         }
         Self {
             claims: Shared::new(),
-            addresses: Shared::new(),
+            addresses: Watched::new(AddressObject::of_capi),
             ipclaims: Shared::new(),
-            metal3_addresses: Shared::new(),
+            metal3_addresses: Watched::new(AddressObject::of_metal3),
             clusters,
             pools: Shared::new(),
             global_pools: Shared::new(),
@@ -179,7 +181,7 @@ impl Caches {
             client: client.clone(),
             settings: settings.clone(),
             claims: self.claims.store.clone(),
-            addresses: self.addresses.store.clone(),
+            addresses: self.addresses.index.clone(),
             clusters: self.clusters.as_ref().map(|c| c.store.clone()),
             pools: self.pools.store.clone(),
             global_pools: self.global_pools.store.clone(),
@@ -187,7 +189,7 @@ impl Caches {
             global_prefix_pools: self.global_prefix_pools.store.clone(),
             ippools: self.ippools.store.clone(),
             ipclaims: self.ipclaims.store.clone(),
-            metal3_addresses: self.metal3_addresses.store.clone(),
+            metal3_addresses: self.metal3_addresses.index.clone(),
             data_templates: self.data_templates.store.clone(),
             datas: self.datas.store.clone(),
             data_claims: self.data_claims.store.clone(),

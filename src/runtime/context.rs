@@ -9,13 +9,15 @@ use std::time::Duration;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::cached::AddressObject;
 use super::error::{self, Error};
-use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
+use super::index::Index;
+use crate::api::capi::{Cluster, IPAddressClaim};
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
-use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
+use crate::api::metal3_ipam::{IPClaim, IPPool};
 
 /// Which controllers a process runs (`--controllers`): a CAPI IPAM provider alone, the Metal3
 /// IPAM beside it, the migration proxy, and the Metal3Data reconciler.
@@ -91,7 +93,7 @@ pub struct Context {
     pub client: Client,
     pub settings: Settings,
     pub claims: Store<IPAddressClaim>,
-    pub addresses: Store<IPAddress>,
+    pub addresses: Index<AddressObject>,
     /// `None` when Cluster API core is not installed (nothing can pause a claim then).
     pub clusters: Option<Store<Cluster>>,
     pub pools: Store<InClusterIPPool>,
@@ -100,7 +102,7 @@ pub struct Context {
     pub global_prefix_pools: Store<GlobalInClusterPrefixPool>,
     pub ippools: Store<IPPool>,
     pub ipclaims: Store<IPClaim>,
-    pub metal3_addresses: Store<Metal3IPAddress>,
+    pub metal3_addresses: Index<AddressObject>,
     pub data_templates: Store<Metal3DataTemplate>,
     pub datas: Store<Metal3Data>,
     pub data_claims: Store<Metal3DataClaim>,
@@ -156,7 +158,7 @@ impl Context {
             }
         }
         ready(&self.claims).await;
-        ready(&self.addresses).await;
+        self.addresses.wait_until_ready().await;
         ready(&self.pools).await;
         ready(&self.global_pools).await;
         ready(&self.prefix_pools).await;
@@ -165,7 +167,7 @@ impl Context {
         if groups.metal3_kinds() {
             ready(&self.ippools).await;
             ready(&self.ipclaims).await;
-            ready(&self.metal3_addresses).await;
+            self.metal3_addresses.wait_until_ready().await;
         }
         if groups.metal3_data {
             ready(&self.data_templates).await;

@@ -11,9 +11,12 @@
 //!   get-optional, delete-ignoring-missing).
 
 pub mod cache;
+pub mod cached;
 pub mod context;
 pub mod controller;
 pub mod error;
+pub mod index;
+pub mod intern;
 pub mod objects;
 pub mod trigger;
 

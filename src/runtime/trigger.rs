@@ -17,18 +17,31 @@ use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, ReflectHandle};
 use tokio::sync::Notify;
 
-struct Pending<K: Resource<DynamicType = ()>> {
-    changed: Mutex<HashMap<ObjectRef<K>, Arc<K>>>,
+struct Pending<Key, T> {
+    changed: Mutex<HashMap<Key, T>>,
     /// Set when the subscription ended (the watch stopped).
     closed: AtomicBool,
     wake: Notify,
 }
 
 /// The changes `handle` delivers, coalesced per object, as a stream that never blocks the watch.
-pub fn eager<K>(mut handle: ReflectHandle<K>) -> impl Stream<Item = Arc<K>> + Send + 'static
+pub fn eager<K>(handle: ReflectHandle<K>) -> impl Stream<Item = Arc<K>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     ObjectRef<K>: Hash + Eq,
+{
+    coalesced(handle, |object: &Arc<K>| ObjectRef::from(&**object))
+}
+
+/// The items of `changes`, drained at once and held as the latest one per `key`, taken at the
+/// consumer's pace.
+pub fn coalesced<T, Key>(
+    mut changes: impl Stream<Item = T> + Unpin + Send + 'static,
+    key: impl Fn(&T) -> Key + Send + 'static,
+) -> impl Stream<Item = T> + Send + 'static
+where
+    T: Send + 'static,
+    Key: Hash + Eq + Send + 'static,
 {
     let pending = Arc::new(Pending {
         changed: Mutex::new(HashMap::new()),
@@ -37,9 +50,9 @@ where
     });
     let filler = pending.clone();
     tokio::spawn(async move {
-        while let Some(object) = handle.next().await {
+        while let Some(object) = changes.next().await {
             if let Ok(mut changed) = filler.changed.lock() {
-                changed.insert(ObjectRef::from(&*object), object);
+                changed.insert(key(&object), object);
             }
             filler.wake.notify_one();
         }
@@ -51,7 +64,7 @@ where
             // Read before the drain: every change was recorded before the flag was set, so a
             // drain after seeing it set misses nothing.
             let closed = pending.closed.load(Ordering::SeqCst);
-            let taken: Vec<Arc<K>> = match pending.changed.lock() {
+            let taken: Vec<T> = match pending.changed.lock() {
                 Ok(mut changed) => changed.drain().map(|(_, object)| object).collect(),
                 Err(_) => Vec::new(),
             };
@@ -65,6 +78,19 @@ where
         }
     })
     .flatten()
+}
+
+/// The reconcile requests `mapper` makes of each change in `changes`, for
+/// `Controller::reconcile_on`: how a controller is triggered by a cache of bitpool's own types.
+pub fn triggered_by<T, I, R>(
+    changes: impl Stream<Item = T> + Send + 'static,
+    mapper: impl Fn(T) -> I + Send + 'static,
+) -> impl Stream<Item = R> + Send + 'static
+where
+    I: IntoIterator<Item = R>,
+    I::IntoIter: Send + 'static,
+{
+    changes.flat_map(move |object| stream::iter(mapper(object)))
 }
 
 #[cfg(test)]

@@ -493,23 +493,19 @@ impl Webhooks {
                 what: "address objects".into(),
                 source,
             })?;
-        let capi = fresh.capi.iter().filter(|a| {
-            let pool = &a.spec.pool_ref;
-            pool.name == name && PoolKind::of(&pool.api_group, &pool.kind) == Some(kind)
-        });
-        let capi = capi.map(|a| Held {
-            address: a.spec.address.clone(),
-            claim: a.spec.claim_ref.name.clone(),
-        });
-        let metal3 = fresh
-            .metal3
-            .iter()
-            .filter(|a| kind == PoolKind::Metal3IPPool && a.spec.pool.name.as_deref() == Some(name))
+        let key = PoolKey {
+            kind,
+            namespace: namespace.filter(|_| !kind.is_global()).map(str::to_string),
+            name: name.to_string(),
+        };
+        Ok(fresh
+            .all()
+            .filter(|a| a.is_of(&key))
             .map(|a| Held {
-                address: a.spec.address.clone(),
-                claim: a.spec.claim.name.clone().unwrap_or_default(),
-            });
-        Ok(capi.chain(metal3).collect())
+                address: a.address.to_string(),
+                claim: a.claim.to_string(),
+            })
+            .collect())
     }
 
     /// Every other pool's layout (valid ones), named `Kind namespace/name`.

@@ -28,7 +28,7 @@ pub(super) async fn apply<P: PoolDialect>(
     for (found, (claim, _)) in batch.second.found.iter_mut().zip(&batch.found_second) {
         found.shared = round.observed.addresses.values().any(|other| {
             address_key(other) != claim_key(claim)
-                && other.meta().deletion_timestamp.is_none()
+                && !other.deleting()
                 && pool.held(other) == Some(found.address)
         });
     }
@@ -204,7 +204,7 @@ pub(super) async fn delete_addresses<P: PoolDialect>(
     .await;
     for (claim, address, gone) in deletions {
         if gone? {
-            ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
+            ctx.deleted_address(&address.uid());
             if !vouches(&claim, &address) {
                 batch.orphans_deleted.extend(pool.held(&address));
             }
@@ -250,7 +250,7 @@ pub(super) async fn delete_unkept<P: PoolDialect>(
     for (address, gone) in deletions {
         match (gone?, pool.held(&address)) {
             (true, Some(ip)) => {
-                ctx.deleted_address(address.meta().uid.as_deref().unwrap_or_default());
+                ctx.deleted_address(&address.uid());
                 batch.orphans_deleted.push(ip);
                 deleted.push(address);
             }

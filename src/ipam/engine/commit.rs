@@ -47,9 +47,7 @@ pub(super) async fn reserve<P: PoolDialect>(round: &Round<'_, P>, batch: &mut Ba
     let ledger_ref = transaction::ledger_of(pool, ctx);
     let mut ledger_error = None;
     let addresses = &round.observed.addresses;
-    let live_objects = addresses
-        .values()
-        .any(|a| a.meta().deletion_timestamp.is_none());
+    let live_objects = addresses.values().any(|a| !a.deleting());
     let create = !deleting && live_objects;
     let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, batch).await;
     let known = keep_first(&mut ledger_error, repaired).flatten();
@@ -150,7 +148,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
     // mass deletion would otherwise list the namespace once per reconcile).
     let unlisted: Vec<&AnyAddress> = addresses
         .values()
-        .filter(|a| !ctx.recently_deleted_address(a.meta().uid.as_deref().unwrap_or_default()))
+        .filter(|a| !ctx.recently_deleted_address(&a.uid()))
         .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
         .collect();
     let lost = !unlisted.is_empty() && (!whole || unlisted.iter().any(|a| served(a)));

@@ -82,7 +82,7 @@ type AddressIndex = HashMap<ClaimKey, AnyAddress>;
 /// The claim an address object names.
 fn address_key(address: &AnyAddress) -> ClaimKey {
     let (kind, name) = address.claim();
-    let namespace = address.meta().namespace.clone().unwrap_or_default();
+    let namespace = address.namespace().to_string();
     ClaimKey {
         kind,
         namespace,
@@ -217,7 +217,7 @@ async fn gate<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option<Act
 fn usable<P: PoolDialect>(pool: &P, claim: &AnyClaim, object: &AnyAddress) -> bool {
     claim.id().is_some()
         && pool.held(object).is_some()
-        && (object.meta().deletion_timestamp.is_none() || vouches(claim, object))
+        && (!object.deleting() || vouches(claim, object))
 }
 
 /// The pool's empty address space, or why there is none (an invalid spec, a pool being deleted).

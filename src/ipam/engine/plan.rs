@@ -71,7 +71,7 @@ impl Batch {
             return;
         };
         let vouched = vouches(claim, object);
-        if object.meta().deletion_timestamp.is_some() {
+        if object.deleting() {
             // Its address stays the claim's while the object goes, if bitpool gave it.
             if vouched {
                 self.first.bind.push((ip, id));
@@ -101,7 +101,7 @@ impl Batch {
     ) {
         let adoption = pool
             .address_metadata(claim, object)
-            .and_then(|desired| objects::adoption_patch(object.meta(), &desired));
+            .and_then(|desired| objects::adoption_patch(&object.meta.object_meta(), &desired));
         if let Some(patch) = adoption {
             self.to_adopt.push((object.clone(), patch));
         }
@@ -230,8 +230,8 @@ pub(super) fn second_objects<P: PoolDialect>(
     extras
         .into_iter()
         .filter(|a| {
-            let held = objects::has_finalizer(a.meta(), P::address_finalizer(a.claim().0));
-            acted_on.contains(&address_key(a)) && (a.meta().deletion_timestamp.is_none() || held)
+            let held = a.meta.has_finalizer(P::address_finalizer(a.claim_kind()));
+            acted_on.contains(&address_key(a)) && (!a.deleting() || held)
         })
         .collect()
 }
@@ -245,7 +245,7 @@ pub(super) fn shared_addresses<P: PoolDialect>(
     duplicates::shared(
         addresses
             .values()
-            .filter(|a| a.meta().deletion_timestamp.is_none())
+            .filter(|a| !a.deleting())
             .filter_map(|a| Some((pool.held(a)?, a.describe()))),
     )
 }
@@ -328,7 +328,7 @@ mod tests {
 
     /// An address object of `claim` holding `ip`.
     fn object(name: &str, claim: &str, ip: &str, going: bool) -> AnyAddress {
-        AnyAddress::Capi(Arc::new(IPAddress {
+        AnyAddress::capi(&IPAddress {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
@@ -343,7 +343,8 @@ mod tests {
                 prefix: 24,
                 gateway: None,
             },
-        }))
+        })
+        .expect("a named, namespaced object")
     }
 
     /// What was read: claims live and deleting, objects in the cache, and those read from the

@@ -292,7 +292,7 @@ pub(super) fn index_by_claim(
 ) -> (AddressIndex, Vec<AnyAddress>) {
     let rank = |a: &AnyAddress| {
         let is_named = named.get(&address_key(a)) == Some(&a.name());
-        let created = a.meta().creation_timestamp.as_ref().map(|t| t.0);
+        let created = a.meta.created.as_ref().map(|t| t.0);
         (!is_named, created, a.name())
     };
     addresses.sort_by_cached_key(rank);
@@ -396,8 +396,8 @@ pub(super) async fn orphaned_objects(
         })
         // Only then the lock: most objects of a pool have their claim.
         .filter(|(_, address)| {
-            let uid = address.meta().uid.as_deref().unwrap_or_default();
-            !ctx.recently_deleted_address(uid)
+            let uid = address.uid();
+            !ctx.recently_deleted_address(&uid)
         })
         .take(BATCH)
         .map(|(key, address)| (key.clone(), address.clone()))
@@ -475,7 +475,7 @@ mod tests {
             namespace: Some("ns".into()),
             ..Default::default()
         };
-        AnyAddress::Metal3(Arc::new(metal3_ipam::Metal3IPAddress {
+        AnyAddress::metal3(&metal3_ipam::Metal3IPAddress {
             metadata: ObjectMeta {
                 name: Some(format!("p-{}", ip.replace('.', "-"))),
                 namespace: Some("ns".into()),
@@ -492,7 +492,8 @@ mod tests {
                 gateway: None,
                 dns_servers: Vec::new(),
             },
-        }))
+        })
+        .expect("a named, namespaced object")
     }
 
     /// A claim with two objects keeps the one its status names, else the oldest; the other is

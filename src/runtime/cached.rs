@@ -1,0 +1,413 @@
+//! Objects as the caches hold them: what bitpool reads of them and nothing else, with the values
+//! that repeat across objects shared ([`super::intern`]). A cached address object takes a
+//! fraction of the object kube decodes (whose metadata alone is 360 bytes before its strings);
+//! `tests/cache_memory.rs` pins how much.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::ObjectMeta;
+
+use super::intern;
+use crate::api::capi::{IPAddress, IPPoolReference};
+use crate::api::metal3_ipam::{self, Metal3IPAddress};
+
+/// Which API an address object is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AddressApi {
+    /// `ipam.cluster.x-k8s.io` IPAddress.
+    Capi,
+    /// `ipam.metal3.io` IPAddress.
+    Metal3,
+}
+
+/// An object's UID: 16 bytes for the UUIDs the API server makes, the text otherwise.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum Uid {
+    Uuid([u8; 16]),
+    Other(Box<str>),
+}
+
+impl Uid {
+    pub fn of(text: &str) -> Self {
+        Self::parse(text).map_or_else(|| Self::Other(text.into()), Self::Uuid)
+    }
+
+    /// The canonical form only (lowercase, hyphenated), so that the text comes back unchanged.
+    fn parse(text: &str) -> Option<[u8; 16]> {
+        let bytes = text.as_bytes();
+        if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
+            return None;
+        }
+        let digits: Vec<u8> = bytes.iter().copied().filter(|b| *b != b'-').collect();
+        let nibble = |b: u8| match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        };
+        let mut uuid = [0u8; 16];
+        for (i, pair) in digits.chunks(2).enumerate() {
+            *uuid.get_mut(i)? = nibble(pair[0])? << 4 | nibble(*pair.get(1)?)?;
+        }
+        (digits.len() == 32).then_some(uuid)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Self::Other(text) if text.is_empty())
+    }
+}
+
+impl std::fmt::Display for Uid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Other(text) => f.write_str(text),
+            Self::Uuid(bytes) => {
+                for (i, byte) in bytes.iter().enumerate() {
+                    if matches!(i, 4 | 6 | 8 | 10) {
+                        f.write_str("-")?;
+                    }
+                    write!(f, "{byte:02x}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Uid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+/// An owner reference. One that is not the object's controller is usually the same for many
+/// objects (the pool that owns every address of the pool), and is shared whole.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub api_version: Arc<str>,
+    pub kind: Arc<str>,
+    pub name: Arc<str>,
+    pub uid: Uid,
+    pub controller: Option<bool>,
+    pub block_owner_deletion: Option<bool>,
+}
+
+impl Owner {
+    /// `reference` as cached; `object` is the owned object's name, which a controller's name
+    /// often repeats (a claim and its address object).
+    fn of(reference: &OwnerReference, object: &Arc<str>) -> Arc<Self> {
+        let controller = reference.controller == Some(true);
+        let name = if controller && reference.name == **object {
+            object.clone()
+        } else {
+            Arc::from(reference.name.as_str())
+        };
+        let owner = Self {
+            api_version: intern::string(&reference.api_version),
+            kind: intern::string(&reference.kind),
+            name,
+            uid: Uid::of(&reference.uid),
+            controller: reference.controller,
+            block_owner_deletion: reference.block_owner_deletion,
+        };
+        if controller {
+            Arc::new(owner)
+        } else {
+            intern::owner(owner)
+        }
+    }
+
+    pub fn reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: self.api_version.to_string(),
+            kind: self.kind.to_string(),
+            name: self.name.to_string(),
+            uid: self.uid.to_string(),
+            controller: self.controller,
+            block_owner_deletion: self.block_owner_deletion,
+        }
+    }
+}
+
+/// The metadata bitpool reads of a cached object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Meta {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+    pub uid: Uid,
+    /// For writes that must not overwrite a newer object.
+    pub resource_version: Box<str>,
+    pub created: Option<Time>,
+    pub deleted: Option<Time>,
+    /// Shared: most objects of a kind carry the same list.
+    pub finalizers: Arc<[Arc<str>]>,
+    pub owners: Box<[Arc<Owner>]>,
+    /// Every label, the set shared (objects of one cluster carry the same labels).
+    pub labels: intern::Labels,
+}
+
+impl Meta {
+    /// `None` for an object without a name or namespace (only a namespaced kind is cached here).
+    fn of(meta: &ObjectMeta) -> Option<Self> {
+        let name: Arc<str> = Arc::from(meta.name.as_deref()?);
+        Some(Self {
+            namespace: intern::string(meta.namespace.as_deref()?),
+            uid: Uid::of(meta.uid.as_deref().unwrap_or_default()),
+            resource_version: meta.resource_version.as_deref().unwrap_or_default().into(),
+            created: meta.creation_timestamp.clone(),
+            deleted: meta.deletion_timestamp.clone(),
+            finalizers: intern::strings(meta.finalizers.iter().flatten()),
+            owners: (meta.owner_references.iter().flatten())
+                .map(|o| Owner::of(o, &name))
+                .collect(),
+            labels: intern::labels(meta.labels.iter().flatten()),
+            name,
+        })
+    }
+
+    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+        self.finalizers.iter().any(|f| &**f == finalizer)
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    /// The metadata as Kubernetes spells it (built anew: for comparisons off the hot path).
+    pub fn object_meta(&self) -> ObjectMeta {
+        let some_vec = |v: Vec<String>| (!v.is_empty()).then_some(v);
+        ObjectMeta {
+            namespace: Some(self.namespace.to_string()),
+            name: Some(self.name.to_string()),
+            uid: (!self.uid.is_empty()).then(|| self.uid.to_string()),
+            resource_version: (!self.resource_version.is_empty())
+                .then(|| self.resource_version.to_string()),
+            creation_timestamp: self.created.clone(),
+            deletion_timestamp: self.deleted.clone(),
+            finalizers: some_vec(self.finalizers.iter().map(|f| f.to_string()).collect()),
+            owner_references: (!self.owners.is_empty())
+                .then(|| self.owners.iter().map(|o| o.reference()).collect()),
+            labels: (!self.labels.is_empty()).then(|| {
+                self.labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<BTreeMap<_, _>>()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+/// An address object of either API, as the caches hold it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AddressObject {
+    pub api: AddressApi,
+    pub meta: Meta,
+    /// `spec.address` as written (it may not parse).
+    pub address: Box<str>,
+    pub prefix: Option<i32>,
+    pub gateway: Option<Arc<str>>,
+    pub dns_servers: Arc<[Arc<str>]>,
+    /// The claim it answers, by name (shared with the object's own name, or its owner's).
+    pub claim: Arc<str>,
+    /// The pool it is from. A Metal3 address's pool is given as a Metal3 IPPool reference, with
+    /// an empty name when the object names none.
+    pub pool: Arc<IPPoolReference>,
+}
+
+impl AddressObject {
+    fn new(
+        api: AddressApi,
+        meta: Meta,
+        address: &str,
+        claim: &str,
+        pool: &IPPoolReference,
+    ) -> Self {
+        // The claim's name is the object's (CAPI pools) or its controller owner's (Metal3).
+        let shared = std::iter::once(&meta.name)
+            .chain(meta.owners.iter().map(|o| &o.name))
+            .find(|name| ***name == *claim)
+            .cloned();
+        let claim = shared.unwrap_or_else(|| Arc::from(claim));
+        Self {
+            api,
+            meta,
+            address: address.into(),
+            prefix: None,
+            gateway: None,
+            dns_servers: intern::strings([]),
+            claim,
+            pool: intern::pool_reference(pool),
+        }
+    }
+
+    /// A CAPI IPAddress as cached; `None` without a name or namespace.
+    pub fn of_capi(object: &IPAddress) -> Option<Self> {
+        let spec = &object.spec;
+        let meta = Meta::of(&object.metadata)?;
+        Some(Self {
+            prefix: Some(spec.prefix),
+            gateway: spec.gateway.as_deref().map(intern::string),
+            ..Self::new(
+                AddressApi::Capi,
+                meta,
+                &spec.address,
+                &spec.claim_ref.name,
+                &spec.pool_ref,
+            )
+        })
+    }
+
+    /// A Metal3 IPAddress as cached; `None` without a name or namespace.
+    pub fn of_metal3(object: &Metal3IPAddress) -> Option<Self> {
+        let spec = &object.spec;
+        let meta = Meta::of(&object.metadata)?;
+        let pool = IPPoolReference {
+            name: spec.pool.name.clone().unwrap_or_default(),
+            kind: "IPPool".into(),
+            api_group: metal3_ipam::GROUP.into(),
+        };
+        Some(Self {
+            prefix: spec.prefix,
+            gateway: spec.gateway.as_deref().map(intern::string),
+            dns_servers: intern::strings(&spec.dns_servers),
+            ..Self::new(
+                AddressApi::Metal3,
+                meta,
+                &spec.address,
+                spec.claim.name.as_deref().unwrap_or_default(),
+                &pool,
+            )
+        })
+    }
+}
+
+impl super::index::Cached for AddressObject {
+    fn namespace(&self) -> &Arc<str> {
+        &self.meta.namespace
+    }
+    fn name(&self) -> &Arc<str> {
+        &self.meta.name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::capi::{IPAddressSpec, LocalObjectName};
+
+    fn capi_address() -> IPAddress {
+        IPAddress {
+            metadata: ObjectMeta {
+                name: Some("m-1".into()),
+                namespace: Some("metal3".into()),
+                uid: Some("u-1".into()),
+                resource_version: Some("7".into()),
+                finalizers: Some(vec!["ipam.cluster.x-k8s.io/ProtectAddress".into()]),
+                labels: Some([("cluster.x-k8s.io/cluster-name".into(), "c".into())].into()),
+                owner_references: Some(vec![
+                    OwnerReference {
+                        api_version: "ipam.cluster.x-k8s.io/v1beta2".into(),
+                        kind: "IPAddressClaim".into(),
+                        name: "m-1".into(),
+                        uid: "claim-1".into(),
+                        controller: Some(true),
+                        block_owner_deletion: Some(true),
+                    },
+                    OwnerReference {
+                        api_version: "ipam.cluster.x-k8s.io/v1alpha2".into(),
+                        kind: "InClusterIPPool".into(),
+                        name: "p".into(),
+                        uid: "pool-1".into(),
+                        controller: None,
+                        block_owner_deletion: Some(true),
+                    },
+                ]),
+                ..Default::default()
+            },
+            spec: IPAddressSpec {
+                claim_ref: LocalObjectName { name: "m-1".into() },
+                pool_ref: IPPoolReference {
+                    name: "p".into(),
+                    kind: "InClusterIPPool".into(),
+                    api_group: "ipam.cluster.x-k8s.io".into(),
+                },
+                address: "10.0.0.4".into(),
+                prefix: 24,
+                gateway: Some("10.0.0.1".into()),
+            },
+        }
+    }
+
+    /// What is read of the object survives the trip into the cache: the metadata a repair
+    /// compares is the object's own.
+    #[test]
+    fn a_cached_address_keeps_what_bitpool_reads() {
+        let object = capi_address();
+        let cached = AddressObject::of_capi(&object).expect("named and namespaced");
+        assert_eq!(cached.meta.object_meta(), object.metadata);
+        assert_eq!(&*cached.address, "10.0.0.4");
+        assert_eq!(cached.prefix, Some(24));
+        assert_eq!(cached.gateway.as_deref(), Some("10.0.0.1"));
+        assert_eq!(*cached.pool, object.spec.pool_ref);
+        assert!(Arc::ptr_eq(&cached.claim, &cached.meta.name));
+        assert!(
+            cached
+                .meta
+                .has_finalizer("ipam.cluster.x-k8s.io/ProtectAddress")
+        );
+        assert_eq!(
+            cached.meta.label("cluster.x-k8s.io/cluster-name"),
+            Some("c")
+        );
+    }
+
+    /// The pool's reference and its owner entry are one copy for every address of the pool.
+    #[test]
+    fn addresses_of_one_pool_share_its_reference() {
+        let (a, b) = (capi_address(), capi_address());
+        let (a, b) = (
+            AddressObject::of_capi(&a).expect("cached"),
+            AddressObject::of_capi(&b).expect("cached"),
+        );
+        assert!(Arc::ptr_eq(&a.pool, &b.pool));
+        assert!(Arc::ptr_eq(&a.meta.owners[1], &b.meta.owners[1]));
+        assert!(!Arc::ptr_eq(&a.meta.owners[0], &b.meta.owners[0]));
+        assert!(Arc::ptr_eq(&a.meta.labels, &b.meta.labels));
+        assert!(Arc::ptr_eq(&a.meta.owners[0].name, &a.meta.name));
+    }
+
+    /// A UID comes back as it was written, whatever its form.
+    #[test]
+    fn uids_come_back_unchanged() {
+        for text in [
+            "5f8a1c3e-2b1d-4c6e-9f0a-00000000002a",
+            "5F8A1C3E-2B1D-4C6E-9F0A-00000000002A",
+            "5f8a1c3e-2b1d-4c6e-9f0a-00000000002",
+            "5f8a1c3e2b1d-4c6e-9f0a--00000000002a",
+            "u-1",
+            "",
+        ] {
+            assert_eq!(Uid::of(text).to_string(), text);
+        }
+        assert!(matches!(
+            Uid::of("5f8a1c3e-2b1d-4c6e-9f0a-00000000002a"),
+            Uid::Uuid(_)
+        ));
+        assert!(matches!(
+            Uid::of("5F8A1C3E-2B1D-4C6E-9F0A-00000000002A"),
+            Uid::Other(_)
+        ));
+    }
+
+    #[test]
+    fn an_object_without_a_namespace_is_not_cached() {
+        let mut object = capi_address();
+        object.metadata.namespace = None;
+        assert!(AddressObject::of_capi(&object).is_none());
+    }
+}

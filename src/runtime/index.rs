@@ -1,0 +1,308 @@
+//! A watch cache of bitpool's own object types ([`super::cached`]): one watch decodes each
+//! object, keeps what is read of it, and drops the rest. It answers what a reflector store does
+//! (every object, one by namespace and name, readiness) and hands each change to the
+//! controllers that subscribed, as the shared reflector does.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, RwLock};
+
+use futures::{Stream, StreamExt, future};
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+/// An object type a cache of this module holds: namespaced, known by namespace and name.
+pub trait Cached: Debug + Send + Sync + 'static {
+    fn namespace(&self) -> &Arc<str>;
+    fn name(&self) -> &Arc<str>;
+}
+
+/// Namespace → name → object.
+type Objects<T> = HashMap<Arc<str>, HashMap<Arc<str>, Arc<T>>>;
+
+struct Inner<T> {
+    objects: RwLock<Objects<T>>,
+    ready: watch::Sender<bool>,
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Arc<T>>>>,
+}
+
+/// The reading side of a cache, cheap to clone.
+pub struct Index<T> {
+    inner: Arc<Inner<T>>,
+}
+
+impl<T> Clone for Index<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T: Cached> Default for Index<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Cached> Index<T> {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                objects: RwLock::new(HashMap::new()),
+                ready: watch::Sender::new(false),
+                subscribers: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Every cached object.
+    pub fn state(&self) -> Vec<Arc<T>> {
+        match self.inner.objects.read() {
+            Ok(objects) => objects.values().flat_map(|m| m.values().cloned()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The object `name` of `namespace`, if it is cached.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
+        let objects = self.inner.objects.read().ok()?;
+        objects.get(namespace)?.get(name).cloned()
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        match self.inner.objects.read() {
+            Ok(objects) => objects.values().map(HashMap::len).sum(),
+            Err(_) => 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the first complete list has arrived.
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow()
+    }
+
+    /// Waits until the first complete list has arrived.
+    pub async fn wait_until_ready(&self) {
+        let mut ready = self.inner.ready.subscribe();
+        // An error means the cache is gone: the process is stopping.
+        let _ = ready.wait_for(|ready| *ready).await;
+    }
+
+    /// Every object that changes from now on, coalesced per object so that a slow subscriber
+    /// never holds the cache up (see [`super::trigger::eager`]).
+    pub fn subscribe(&self) -> impl Stream<Item = Arc<T>> + Send + 'static {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        if let Ok(mut subscribers) = self.inner.subscribers.lock() {
+            subscribers.push(sender);
+        }
+        let changes = futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|object| (object, receiver))
+        });
+        super::trigger::coalesced(Box::pin(changes), |object: &Arc<T>| {
+            (object.namespace().clone(), object.name().clone())
+        })
+    }
+
+    fn notify(&self, object: &Arc<T>) {
+        if let Ok(mut subscribers) = self.inner.subscribers.lock() {
+            subscribers.retain(|s| s.send(object.clone()).is_ok());
+        }
+    }
+
+    fn insert(objects: &mut Objects<T>, object: Arc<T>) {
+        objects
+            .entry(object.namespace().clone())
+            .or_default()
+            .insert(object.name().clone(), object);
+    }
+
+    /// Applies one watch event; `convert` makes the cached form (`None`: not cacheable).
+    fn apply<K>(
+        &self,
+        event: watcher::Event<K>,
+        relist: &mut Option<Objects<T>>,
+        convert: fn(&K) -> Option<T>,
+    ) {
+        match event {
+            watcher::Event::Apply(object) => {
+                let Some(object) = convert(&object).map(Arc::new) else {
+                    return;
+                };
+                if let Ok(mut objects) = self.inner.objects.write() {
+                    Self::insert(&mut objects, object.clone());
+                }
+                self.notify(&object);
+            }
+            watcher::Event::Delete(object) => {
+                let Some(object) = convert(&object) else {
+                    return;
+                };
+                if let Ok(mut objects) = self.inner.objects.write()
+                    && let Some(names) = objects.get_mut(&**object.namespace())
+                {
+                    names.remove(&**object.name());
+                    if names.is_empty() {
+                        objects.remove(&**object.namespace());
+                    }
+                }
+            }
+            watcher::Event::Init => *relist = Some(Objects::new()),
+            watcher::Event::InitApply(object) => {
+                if let (Some(list), Some(object)) = (relist.as_mut(), convert(&object)) {
+                    Self::insert(list, Arc::new(object));
+                }
+            }
+            watcher::Event::InitDone => {
+                let Some(list) = relist.take() else {
+                    return;
+                };
+                if let Ok(mut objects) = self.inner.objects.write() {
+                    *objects = list;
+                }
+                self.inner.ready.send_replace(true);
+                // As the shared reflector does: every object once the list is complete.
+                for object in self.state() {
+                    self.notify(&object);
+                }
+            }
+        }
+    }
+}
+
+/// A cache of `T` made from the objects of kind `K` one watch returns.
+pub struct Watched<K, T> {
+    pub index: Index<T>,
+    convert: fn(&K) -> Option<T>,
+    driver: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<K, T> Watched<K, T>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    T: Cached,
+{
+    pub fn new(convert: fn(&K) -> Option<T>) -> Self {
+        Self {
+            index: Index::new(),
+            convert,
+            driver: None,
+        }
+    }
+
+    /// Replaces what the cache holds with `objects`, as a complete list from the server does.
+    pub fn load(&self, objects: impl IntoIterator<Item = K>) {
+        let mut relist = None;
+        self.index
+            .apply(watcher::Event::Init, &mut relist, self.convert);
+        for object in objects {
+            self.index
+                .apply(watcher::Event::InitApply(object), &mut relist, self.convert);
+        }
+        self.index
+            .apply(watcher::Event::InitDone, &mut relist, self.convert);
+    }
+
+    /// Starts the watch that fills the cache (after every subscriber is registered).
+    pub fn start(&mut self, api: Api<K>, config: watcher::Config) {
+        if self.driver.is_some() {
+            return;
+        }
+        let (index, convert) = (self.index.clone(), self.convert);
+        let kind = K::kind(&()).to_string();
+        let mut relist = None;
+        let stream = watcher(api, config)
+            .default_backoff()
+            .for_each(move |event| {
+                match event {
+                    Ok(event) => index.apply(event, &mut relist, convert),
+                    Err(e) => tracing::warn!(kind = %kind, error = %e, "watch failed; retrying"),
+                }
+                future::ready(())
+            });
+        self.driver = Some(tokio::spawn(stream));
+    }
+}
+
+impl<K, T> Drop for Watched<K, T> {
+    fn drop(&mut self) {
+        if let Some(driver) = &self.driver {
+            driver.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq)]
+    struct Named {
+        namespace: Arc<str>,
+        name: Arc<str>,
+        version: u32,
+    }
+
+    impl Cached for Named {
+        fn namespace(&self) -> &Arc<str> {
+            &self.namespace
+        }
+        fn name(&self) -> &Arc<str> {
+            &self.name
+        }
+    }
+
+    fn named(name: &str, version: u32) -> Named {
+        Named {
+            namespace: Arc::from("ns"),
+            name: Arc::from(name),
+            version,
+        }
+    }
+
+    fn same(object: &Named) -> Option<Named> {
+        Some(named(&object.name, object.version))
+    }
+
+    /// A relist replaces the cache whole (what vanished meanwhile goes), readiness comes with
+    /// the first complete list, and every object is handed to subscribers then.
+    #[tokio::test]
+    async fn a_relist_replaces_the_cache_and_makes_it_ready() {
+        let index: Index<Named> = Index::new();
+        let triggers = index.subscribe();
+        let mut relist = None;
+        index.apply(watcher::Event::Apply(named("old", 1)), &mut relist, same);
+        assert!(!index.is_ready());
+        index.apply(watcher::Event::Init, &mut relist, same);
+        index.apply(watcher::Event::InitApply(named("a", 1)), &mut relist, same);
+        index.apply(watcher::Event::InitApply(named("b", 1)), &mut relist, same);
+        assert_eq!(
+            index.len(),
+            1,
+            "the old state stands until the list is complete"
+        );
+        index.apply(watcher::Event::InitDone, &mut relist, same);
+        assert!(index.is_ready());
+        index.wait_until_ready().await;
+        assert!(index.get("ns", "old").is_none());
+        assert_eq!(index.get("ns", "a").map(|a| a.version), Some(1));
+        index.apply(watcher::Event::Apply(named("a", 2)), &mut relist, same);
+        index.apply(watcher::Event::Delete(named("b", 1)), &mut relist, same);
+        assert_eq!(index.get("ns", "a").map(|a| a.version), Some(2));
+        assert!(index.get("ns", "b").is_none());
+        assert_eq!(index.len(), 1);
+        drop(index);
+        let mut names: Vec<String> = triggers.map(|o| o.name.to_string()).collect().await;
+        names.sort();
+        names.dedup();
+        assert_eq!(names, ["a", "b", "old"]);
+    }
+}

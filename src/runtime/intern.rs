@@ -1,0 +1,143 @@
+//! Shared copies of values that repeat across cached objects (namespaces, finalizers, owner
+//! kinds, pool references, gateways): a hundred thousand address objects of one pool then hold
+//! one copy of its reference, not a hundred thousand.
+
+use std::borrow::Borrow;
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use super::cached::Owner;
+use crate::api::capi::IPPoolReference;
+
+/// A set of shared values. Values no cached object holds any more are dropped when the set has
+/// doubled since the last sweep, so it never outgrows twice what is in use.
+pub struct Interner<T: ?Sized> {
+    values: Mutex<Values<T>>,
+}
+
+struct Values<T: ?Sized> {
+    set: HashSet<Arc<T>>,
+    sweep_at: usize,
+}
+
+/// Below this many values the set is never swept.
+const FIRST_SWEEP: usize = 1024;
+
+impl<T: ?Sized + Hash + Eq> Interner<T> {
+    fn new() -> Self {
+        Self {
+            values: Mutex::new(Values {
+                set: HashSet::new(),
+                sweep_at: FIRST_SWEEP,
+            }),
+        }
+    }
+
+    /// The shared copy of `value`, made with `make` when there is none yet.
+    pub fn get<Q>(&self, value: &Q, make: impl FnOnce(&Q) -> Arc<T>) -> Arc<T>
+    where
+        Q: ?Sized + Hash + Eq,
+        Arc<T>: Borrow<Q>,
+    {
+        let Ok(mut values) = self.values.lock() else {
+            // A panic while the lock was held: share nothing rather than fail.
+            return make(value);
+        };
+        if let Some(shared) = values.set.get(value) {
+            return shared.clone();
+        }
+        if values.set.len() >= values.sweep_at {
+            values.set.retain(|v| Arc::strong_count(v) > 1);
+            values.sweep_at = (values.set.len() * 2).max(FIRST_SWEEP);
+        }
+        let shared = make(value);
+        values.set.insert(shared.clone());
+        shared
+    }
+
+    /// How many values are shared now.
+    pub fn len(&self) -> usize {
+        self.values.lock().map(|v| v.set.len()).unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A label: key and value.
+pub type Label = (Arc<str>, Arc<str>);
+/// An object's labels, in its order.
+pub type Labels = Arc<[Label]>;
+
+static STRINGS: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
+static STRING_LISTS: LazyLock<Interner<[Arc<str>]>> = LazyLock::new(Interner::new);
+static LABEL_SETS: LazyLock<Interner<[Label]>> = LazyLock::new(Interner::new);
+static POOL_REFERENCES: LazyLock<Interner<IPPoolReference>> = LazyLock::new(Interner::new);
+static OWNERS: LazyLock<Interner<Owner>> = LazyLock::new(Interner::new);
+
+/// The shared copy of a string that repeats across objects.
+pub fn string(value: &str) -> Arc<str> {
+    STRINGS.get(value, |v: &str| Arc::from(v))
+}
+
+/// The shared copy of a list of strings (finalizers, DNS servers).
+pub fn strings<'a>(values: impl IntoIterator<Item = &'a String>) -> Arc<[Arc<str>]> {
+    let values: Vec<Arc<str>> = values.into_iter().map(|v| string(v)).collect();
+    STRING_LISTS.get(values.as_slice(), |v: &[Arc<str>]| Arc::from(v))
+}
+
+/// The shared copy of a label set.
+pub fn labels<'a>(values: impl IntoIterator<Item = (&'a String, &'a String)>) -> Labels {
+    let values: Vec<(Arc<str>, Arc<str>)> = values
+        .into_iter()
+        .map(|(k, v)| (string(k), string(v)))
+        .collect();
+    LABEL_SETS.get(values.as_slice(), |v: &[(Arc<str>, Arc<str>)]| Arc::from(v))
+}
+
+/// The shared copy of an owner reference (one that many objects have, such as their pool).
+pub fn owner(value: Owner) -> Arc<Owner> {
+    OWNERS.get(&value, |v: &Owner| Arc::new(v.clone()))
+}
+
+/// The shared copy of a pool reference.
+pub fn pool_reference(value: &IPPoolReference) -> Arc<IPPoolReference> {
+    POOL_REFERENCES.get(value, |v| Arc::new(v.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_values_share_one_copy() {
+        let interner: Interner<str> = Interner::new();
+        let a = interner.get("metal3", |v: &str| Arc::from(v));
+        let b = interner.get("metal3", |v: &str| Arc::from(v));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(interner.len(), 1);
+    }
+
+    /// Values nobody holds go at the sweep; values still held stay shared.
+    #[test]
+    fn unheld_values_are_swept_once_the_set_doubles() {
+        let interner: Interner<str> = Interner::new();
+        let kept = interner.get("kept", |v: &str| Arc::from(v));
+        for i in 1..FIRST_SWEEP {
+            interner.get(format!("gone-{i}").as_str(), |v: &str| Arc::from(v));
+        }
+        assert_eq!(interner.len(), FIRST_SWEEP);
+        interner.get("next", |v: &str| Arc::from(v));
+        assert_eq!(
+            interner.len(),
+            2,
+            "only the held value and the new one remain"
+        );
+        assert!(Arc::ptr_eq(
+            &kept,
+            &interner.get("kept", |v: &str| Arc::from(v))
+        ));
+    }
+}
