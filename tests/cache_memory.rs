@@ -1,7 +1,8 @@
 //! How many bytes the watch caches hold per object, counted by the allocator: a cached object
 //! that grows past its bound fails here, long before a hundred thousand of them would pass the
 //! memory limit (BENCHMARKS.md has the process's peak RSS). No cluster: the objects are decoded
-//! from the JSON the API server sends, as the watch decodes them.
+//! from the JSON the API server sends, as the watch decodes them. One test in this binary: the
+//! count is the whole process's, and a second test running beside it would be counted too.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};

@@ -126,7 +126,7 @@ impl<T: Cached> Index<T> {
     }
 
     /// Applies one watch event; `convert` makes the cached form (`None`: not cacheable).
-    fn apply<K>(
+    fn apply<K: Resource>(
         &self,
         event: watcher::Event<K>,
         relist: &mut Option<Objects<T>>,
@@ -143,15 +143,16 @@ impl<T: Cached> Index<T> {
                 self.notify(&object);
             }
             watcher::Event::Delete(object) => {
-                let Some(object) = convert(&object) else {
+                let meta = object.meta();
+                let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
                     return;
                 };
                 if let Ok(mut objects) = self.inner.objects.write()
-                    && let Some(names) = objects.get_mut(&**object.namespace())
+                    && let Some(names) = objects.get_mut(namespace.as_str())
                 {
-                    names.remove(&**object.name());
+                    names.remove(name.as_str());
                     if names.is_empty() {
-                        objects.remove(&**object.namespace());
+                        objects.remove(namespace.as_str());
                     }
                 }
             }
@@ -243,6 +244,7 @@ impl<K, T> Drop for Watched<K, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
 
     #[derive(Debug, PartialEq)]
     struct Named {
@@ -260,16 +262,25 @@ mod tests {
         }
     }
 
-    fn named(name: &str, version: u32) -> Named {
-        Named {
-            namespace: Arc::from("ns"),
-            name: Arc::from(name),
-            version,
+    fn named(name: &str, version: u32) -> ConfigMap {
+        ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                resource_version: Some(version.to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
         }
     }
 
-    fn same(object: &Named) -> Option<Named> {
-        Some(named(&object.name, object.version))
+    fn same(object: &ConfigMap) -> Option<Named> {
+        let meta = &object.metadata;
+        Some(Named {
+            namespace: Arc::from(meta.namespace.as_deref()?),
+            name: Arc::from(meta.name.as_deref()?),
+            version: meta.resource_version.as_deref()?.parse().ok()?,
+        })
     }
 
     /// A relist replaces the cache whole (what vanished meanwhile goes), readiness comes with
