@@ -20,13 +20,16 @@ use crate::api::metal3_ipam::{IPClaim, IPPool};
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
-use crate::ipam::kinds::AnyAddress;
+use crate::ipam::kinds::{AnyAddress, AnyClaim};
 use crate::ipam::{self, claims, proxy, transaction};
 use crate::metal3data;
 use crate::runtime::cache::{Caches, Shared};
+use crate::runtime::cached::ClaimObject;
 use crate::runtime::controller::{Switch, run_controller};
+use crate::runtime::index::Index;
+use crate::runtime::selection::selection;
 use crate::runtime::trigger::triggered_by;
-use crate::runtime::{Context, Settings, objects};
+use crate::runtime::{Context, Settings};
 
 /// The controllers a process runs (`None` for those of a group that is off).
 struct Controllers {
@@ -58,14 +61,9 @@ impl Controllers {
             stopped,
             ctx,
         };
-        let orphan_claims = caches
-            .claims
-            .subscribe()
-            .map(|trigger| Controller::for_shared_stream(trigger, caches.claims.store.clone()));
-        let orphan_ipclaims = caches
-            .ipclaims
-            .subscribe()
-            .map(|trigger| Controller::for_shared_stream(trigger, caches.ipclaims.store.clone()));
+        let orphan_claims = orphan_controller(&caches.claims.index, ctx, claims::capi_stand_in);
+        let orphan_ipclaims =
+            orphan_controller(&caches.ipclaims.index, ctx, claims::metal3_stand_in);
         let (templates, datas, data_claims) =
             (&caches.data_templates, &caches.datas, &caches.data_claims);
         Self {
@@ -89,8 +87,8 @@ impl Controllers {
                 groups.metal3_pools(),
                 pool_controller(&caches.ippools, caches, ctx),
             ),
-            orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, orphan_claims),
-            orphan_ipclaims: on.when(groups.metal3_pools(), orphan_ipclaims),
+            orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, Some(orphan_claims)),
+            orphan_ipclaims: on.when(groups.metal3_pools(), Some(orphan_ipclaims)),
             templates: on.when(
                 groups.metal3_data,
                 metal3data::template_controller(templates, datas, data_claims),
@@ -166,18 +164,39 @@ pub async fn run(
     future::join(controllers.run(&ctx, &ipam_ctx), stop_on_shutdown).await;
 }
 
+/// A controller of the claims of `index` that may be orphans ([`claims::may_be_orphan`]): its
+/// store holds stand-ins for those alone, judged once the caches are complete and again when
+/// this process becomes the leader.
+fn orphan_controller<K>(
+    index: &Index<ClaimObject>,
+    ctx: &Arc<Context>,
+    stand_in: fn(&ClaimObject) -> K,
+) -> Controller<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (ready, judged) = (ctx.clone(), ctx.clone());
+    let (store, triggers) = selection(
+        index,
+        async move { ready.wait_for_caches().await },
+        ctx.ops.leadership.gained(),
+        move |claim| claims::may_be_orphan(&judged, claim),
+        stand_in,
+    );
+    Controller::for_shared_stream(triggers, store)
+}
+
 /// The Metal3 IPPool a proxy claim works for: the pool of the IPClaim that owns it.
-fn proxied_for(ctx: &Context, claim: &IPAddressClaim) -> Option<PoolKey> {
-    let owner = claim
-        .meta()
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.kind == "IPClaim")?;
-    let ipclaim = ctx
-        .ipclaims
-        .get(&ObjectRef::new(&owner.name).within(claim.meta().namespace.as_deref()?))?;
-    PoolKey::of_ipclaim(&ipclaim)
+fn proxied_for(ctx: &Context, claim: &ClaimObject) -> Option<PoolKey> {
+    let owner = claim.meta.owners.iter().find(|o| &*o.kind == "IPClaim")?;
+    let ipclaim = ctx.ipclaims.get(&claim.meta.namespace, &owner.name)?;
+    AnyClaim::from(ipclaim).pool_key()
 }
 
 /// Maps a changed pool (of any kind) to the pools in `store` whose addresses meet its own.
@@ -213,20 +232,24 @@ where
 {
     let (for_claims, for_addresses) = (ctx.clone(), ctx.clone());
     let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
-        .watches_shared_stream(caches.claims.subscribe()?, move |claim| {
-            let proxied_for = proxied_for(&for_claims, &claim);
-            PoolKey::of_claim(&claim)
-                .into_iter()
-                .chain(proxied_for)
-                .filter_map(|k| k.object_ref::<P>())
-                .collect::<Vec<_>>()
-        })
+        .reconcile_on(triggered_by(
+            caches.claims.index.subscribe(),
+            move |claim| {
+                let proxied_for = proxied_for(&for_claims, &claim);
+                AnyClaim::from(claim)
+                    .pool_key()
+                    .into_iter()
+                    .chain(proxied_for)
+                    .filter_map(|k| k.object_ref::<P>())
+                    .collect::<Vec<_>>()
+            },
+        ))
         .reconcile_on(triggered_by(
             caches.addresses.index.subscribe(),
             move |address| {
                 let claim = for_addresses
                     .claims
-                    .get(&ObjectRef::new(&address.claim).within(&address.meta.namespace));
+                    .get(&address.meta.namespace, &address.claim);
                 let address = AnyAddress::from(address);
                 address
                     .pool_key()
@@ -236,9 +259,11 @@ where
                     .collect::<Vec<_>>()
             },
         ))
-        .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
-            PoolKey::of_ipclaim(&claim).and_then(|k| k.object_ref::<P>())
-        })
+        .reconcile_on(triggered_by(caches.ipclaims.index.subscribe(), |claim| {
+            AnyClaim::from(claim)
+                .pool_key()
+                .and_then(|k| k.object_ref::<P>())
+        }))
         .reconcile_on(triggered_by(
             caches.metal3_addresses.index.subscribe(),
             |address| {
@@ -276,12 +301,11 @@ fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = Po
         .claims
         .state()
         .into_iter()
+        .map(AnyClaim::from)
         .filter(|c| {
-            c.meta().namespace == namespace
-                && objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta())
-                    == name.as_deref()
+            Some(&*c.meta.namespace) == namespace.as_deref() && c.cluster_name() == name.as_deref()
         })
-        .filter_map(|c| PoolKey::of_claim(&c))
+        .filter_map(|c| c.pool_key())
         .collect();
     let of_pools: Vec<PoolKey> = ctx
         .ippools

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::dialect::{PoolDialect, Report};
 use super::duplicates;
 use super::key::PoolKind;
-use super::kinds::{AnyClaim, NewAddress};
+use super::kinds::{AnyClaim, ClaimKind, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
 use super::overlaps;
 use crate::alloc::{AddressSpace, Lease};
@@ -57,29 +57,27 @@ pub(super) fn capi_address<P: Resource<DynamicType = ()>>(
     name: String,
     finalizer: &str,
 ) -> Option<NewAddress> {
-    let AnyClaim::Capi(claim) = claim else {
+    if claim.kind() != ClaimKind::Capi {
         return None;
-    };
-    let mut owners = vec![objects::owner_reference(&**claim, true)?];
+    }
+    let mut owners = vec![claim.owner_reference(true)?];
     owners.extend(objects::owner_reference(pool, false));
     let mut labels = BTreeMap::new();
-    if let Some(cluster) = objects::cluster_name(claim.spec.cluster_name.as_deref(), claim.meta()) {
+    if let Some(cluster) = claim.cluster_name() {
         labels.insert(labels::CLUSTER_NAME.to_string(), cluster.to_string());
     }
     Some(NewAddress::Capi(Box::new(IPAddress {
         metadata: ObjectMeta {
             name: Some(name),
-            namespace: claim.namespace(),
+            namespace: Some(claim.namespace()),
             finalizers: Some(vec![finalizer.to_string()]),
             labels: (!labels.is_empty()).then_some(labels),
             owner_references: Some(owners),
             ..Default::default()
         },
         spec: IPAddressSpec {
-            claim_ref: LocalObjectName {
-                name: claim.name_any(),
-            },
-            pool_ref: claim.spec.pool_ref.clone(),
+            claim_ref: LocalObjectName { name: claim.name() },
+            pool_ref: (*claim.pool).clone(),
             address: lease.address.to_string(),
             prefix: i32::from(lease.prefix),
             gateway: lease.gateway.map(|g| g.to_string()),
@@ -266,7 +264,6 @@ mod tests {
     use super::*;
     use crate::api::capi::{IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
     use crate::api::capi_pools::PREALLOCATION_NAMESPACE_ANNOTATION;
-    use std::sync::Arc;
 
     fn claim(namespace: &str, name: &str) -> AnyClaim {
         let mut claim = IPAddressClaim::new(
@@ -277,7 +274,7 @@ mod tests {
             },
         );
         claim.metadata.namespace = Some(namespace.into());
-        AnyClaim::Capi(Arc::new(claim))
+        AnyClaim::capi(&claim).expect("named and namespaced")
     }
 
     #[test]

@@ -6,9 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::Api;
+use kube::Resource;
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
 
 use super::Context;
 use super::dialect::{AddressKinds, PoolDialect, fresh_addresses};
@@ -17,30 +16,83 @@ use super::kinds::{AnyAddress, AnyClaim, ClaimKind};
 use crate::api::capi::{self, IPAddressClaim};
 use crate::api::capi_pools::{ADDRESS_FINALIZER, CLAIM_FINALIZER};
 use crate::api::metal3_ipam::{IPClaim, IPPool};
+use crate::runtime::cached::ClaimObject;
 use crate::runtime::error::{Call, Error, Verb};
+use crate::runtime::index::Index;
 use crate::runtime::objects;
 
-pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(key) = PoolKey::of_claim(&claim) else {
-        return Ok(Action::await_change()); // another provider's claim
+/// Whether `claim` may be an orphan this process acts on: it names a pool of a kind served here
+/// that is not cached, and it is not paused; a live Metal3 IPClaim waits with nothing to do.
+/// Only these enter the orphan controllers' stores ([`crate::runtime::selection`]).
+pub fn may_be_orphan(ctx: &crate::runtime::context::Context, claim: &Arc<ClaimObject>) -> bool {
+    let claim = AnyClaim::from(claim.clone());
+    let Some(key) = claim.pool_key() else {
+        return false; // another provider's claim
     };
-    if key.kind == PoolKind::Metal3IPPool && !ctx.settings.groups.metal3_ipam {
-        return Ok(Action::await_change()); // Metal3 IPAM serves these here
+    let groups = ctx.settings.groups;
+    let served = match (claim.kind(), key.kind) {
+        (ClaimKind::Capi, PoolKind::Metal3IPPool) => groups.metal3_ipam,
+        (ClaimKind::Capi, _) => groups.capi_ipam,
+        (ClaimKind::Metal3, _) => groups.metal3_pools() && claim.deleting(),
+    };
+    served && !claim.paused() && !super::context::pool_cached(ctx, &key)
+}
+
+/// The stand-in the orphan controller's store holds for an IPAddressClaim: its name and
+/// namespace.
+pub fn capi_stand_in(claim: &ClaimObject) -> IPAddressClaim {
+    let mut object = IPAddressClaim::new(&claim.meta.name, Default::default());
+    object.metadata.namespace = Some(claim.meta.namespace.to_string());
+    object
+}
+
+/// The stand-in the orphan controller's store holds for an IPClaim.
+pub fn metal3_stand_in(claim: &ClaimObject) -> IPClaim {
+    let mut object = IPClaim::new(&claim.meta.name, Default::default());
+    object.metadata.namespace = Some(claim.meta.namespace.to_string());
+    object
+}
+
+/// An IPAddressClaim whose pool is missing: Ready=False (PoolNotReady) while it waits for it,
+/// released when it is deleted.
+pub async fn reconcile(stand_in: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let claim = cached(&ctx.claims, &*stand_in);
+    match claim.filter(|c| may_be_orphan(&ctx, c)).map(AnyClaim::from) {
+        Some(claim) if claim.deleting() => release_orphan(&ctx, &claim).await,
+        Some(claim) => tell_missing_pool(&ctx, &claim).await,
+        None => Ok(Action::await_change()),
     }
-    if ctx.pool_exists(&key) || objects::is_paused(claim.meta()) {
+}
+
+/// A Metal3 IPClaim whose IPPool is gone: released when deleted (a live one waits for its pool,
+/// as upstream's does, with nothing to report on its status).
+pub async fn reconcile_ipclaim(stand_in: Arc<IPClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let claim = cached(&ctx.ipclaims, &*stand_in);
+    match claim.filter(|c| may_be_orphan(&ctx, c)).map(AnyClaim::from) {
+        Some(claim) => release_orphan(&ctx, &claim).await,
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// The cached claim a stand-in names.
+fn cached<K: Resource>(claims: &Index<ClaimObject>, stand_in: &K) -> Option<Arc<ClaimObject>> {
+    let meta = stand_in.meta();
+    claims.get(meta.namespace.as_deref()?, meta.name.as_deref()?)
+}
+
+/// Ready=False (PoolNotReady) naming the missing pool, unless the claim says so already.
+async fn tell_missing_pool(ctx: &Context, claim: &AnyClaim) -> Result<Action, Error> {
+    let Some(key) = claim.pool_key() else {
         return Ok(Action::await_change());
-    }
-    if claim.meta().deletion_timestamp.is_some() {
-        return release_orphan(&ctx, &AnyClaim::Capi(claim), &key).await;
-    }
-    let mut status = claim.status.clone().unwrap_or_default();
+    };
+    let mut conditions = claim.conditions();
     let where_ = key
         .namespace
         .as_deref()
         .map(|ns| format!(" in namespace {ns}"))
         .unwrap_or_default();
     let changed = objects::set_condition(
-        &mut status.conditions,
+        &mut conditions,
         objects::condition(
             capi::READY_CONDITION,
             false,
@@ -49,31 +101,14 @@ pub async fn reconcile(claim: Arc<IPAddressClaim>, ctx: Arc<Context>) -> Result<
                 "{} {} not found{where_}; the claim waits for it",
                 key.kind, key.name
             ),
-            claim.meta().generation,
+            claim.generation,
         ),
     );
     if changed {
-        let namespace = claim.namespace().unwrap_or_default();
-        let claims: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-        let patch = capi::claim_status_patch(None, &status.conditions);
-        objects::merge_status(&claims, &claim.name_any(), patch).await?;
+        let patch = capi::claim_status_patch(None, &conditions);
+        claim.patch_status(ctx, patch).await?;
     }
     Ok(Action::await_change())
-}
-
-/// A Metal3 IPClaim whose IPPool is gone: released when deleted (a live one waits for its pool,
-/// as upstream's does, with nothing to report on its status).
-pub async fn reconcile_ipclaim(claim: Arc<IPClaim>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let Some(key) = PoolKey::of_ipclaim(&claim) else {
-        return Ok(Action::await_change());
-    };
-    if ctx.pool_exists(&key)
-        || objects::is_paused(claim.meta())
-        || claim.meta().deletion_timestamp.is_none()
-    {
-        return Ok(Action::await_change());
-    }
-    release_orphan(&ctx, &AnyClaim::Metal3(claim), &key).await
 }
 
 /// The finalizers a claim of `kind` carries on a pool of `key`'s kind, and its address
@@ -92,9 +127,12 @@ fn finalizers(key: &PoolKey, kind: ClaimKind) -> (&'static str, &'static str) {
 /// A deleting claim whose pool is gone: the pool and its ledger are gone, so nothing is left to
 /// release but the claim's address objects (found by a fresh list: a Metal3 pool names them
 /// after the address, not the claim). They are deleted first, then the claim's finalizer goes.
-async fn release_orphan(ctx: &Context, claim: &AnyClaim, key: &PoolKey) -> Result<Action, Error> {
+async fn release_orphan(ctx: &Context, claim: &AnyClaim) -> Result<Action, Error> {
+    let Some(key) = &claim.pool_key() else {
+        return Ok(Action::await_change());
+    };
     let (claim_finalizer, address_finalizer) = finalizers(key, claim.kind());
-    if !objects::has_finalizer(claim.meta(), claim_finalizer) {
+    if !claim.meta.has_finalizer(claim_finalizer) {
         return Ok(Action::await_change());
     }
     let namespace = claim.namespace();

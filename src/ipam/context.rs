@@ -72,22 +72,7 @@ impl Context {
     /// Which pool serves claims that name `key`: the one answer every controller asks.
     /// False when no pool of a kind bitpool serves exists under that name.
     pub fn pool_exists(&self, key: &PoolKey) -> bool {
-        fn cached<K>(store: &Store<K>, key: &PoolKey) -> bool
-        where
-            K: kube::Resource<DynamicType = ()> + Clone + 'static,
-        {
-            key.object_ref::<K>()
-                .is_some_and(|r| store.get(&r).is_some())
-        }
-        match key.kind {
-            PoolKind::InClusterIPPool => cached(&self.shared.pools, key),
-            PoolKind::GlobalInClusterIPPool => cached(&self.shared.global_pools, key),
-            PoolKind::InClusterPrefixPool => cached(&self.shared.prefix_pools, key),
-            PoolKind::GlobalInClusterPrefixPool => cached(&self.shared.global_prefix_pools, key),
-            PoolKind::Metal3IPPool => {
-                self.shared.settings.groups.metal3_kinds() && cached(&self.shared.ippools, key)
-            }
-        }
+        pool_cached(&self.shared, key)
     }
 
     /// The cached space of `key` if it was built for this pool spec and this ledger version.
@@ -158,6 +143,26 @@ impl Context {
     pub fn forget_orphans(&self, key: &PoolKey) {
         if let Ok(mut map) = self.memory.orphan_since.lock() {
             map.remove(key);
+        }
+    }
+}
+
+/// Whether the pool `key` is in the caches of `shared`.
+pub fn pool_cached(shared: &runtime::Context, key: &PoolKey) -> bool {
+    fn cached<K>(store: &Store<K>, key: &PoolKey) -> bool
+    where
+        K: kube::Resource<DynamicType = ()> + Clone + 'static,
+    {
+        key.object_ref::<K>()
+            .is_some_and(|r| store.get(&r).is_some())
+    }
+    match key.kind {
+        PoolKind::InClusterIPPool => cached(&shared.pools, key),
+        PoolKind::GlobalInClusterIPPool => cached(&shared.global_pools, key),
+        PoolKind::InClusterPrefixPool => cached(&shared.prefix_pools, key),
+        PoolKind::GlobalInClusterPrefixPool => cached(&shared.global_prefix_pools, key),
+        PoolKind::Metal3IPPool => {
+            shared.settings.groups.metal3_kinds() && cached(&shared.ippools, key)
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use crate::ipam::ledger::Ledger;
 use crate::ipam::overlaps::{Covered, Overlap};
-use crate::runtime::cached::{AddressApi, AddressObject};
+use crate::runtime::cached::{AddressObject, ClaimObject, IpamApi};
 use crate::runtime::error::{Call, Error, Verb};
 use crate::runtime::index::Index;
 use serde::Serialize;
@@ -133,12 +133,7 @@ pub trait PoolDialect:
     /// as the Cluster API contract has it.
     fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
         let key = self.key();
-        ctx.claims
-            .state()
-            .into_iter()
-            .filter(|c| key.is_named_by(&c.spec.pool_ref, c.metadata.namespace.as_deref()))
-            .map(AnyClaim::Capi)
-            .collect()
+        cached_claims(&ctx.claims, &key)
     }
     /// The claim finalizer, per claim kind (by default the Cluster API contract's).
     fn claim_finalizer(_kind: ClaimKind) -> &'static str {
@@ -179,7 +174,7 @@ pub trait PoolDialect:
     /// cluster label), as [`Self::new_address`] writes it: an object made by hand or restored
     /// from a backup is given them, as upstream does. `None` for Metal3 claims.
     fn address_metadata(&self, claim: &AnyClaim, object: &AnyAddress) -> Option<ObjectMeta> {
-        let (AnyClaim::Capi(_), AddressApi::Capi) = (claim, object.api) else {
+        let (IpamApi::Capi, IpamApi::Capi) = (claim.api, object.api) else {
             return None;
         };
         // Only the metadata is kept: the lease's values do not matter.
@@ -196,11 +191,22 @@ pub trait PoolDialect:
     }
 }
 
-/// The address objects of the pool `key` in `cache`.
+/// The claims of `cache` that name the pool `key` (a namespaced pool is named only from its
+/// own namespace: only that one is read).
+pub fn cached_claims(cache: &Index<ClaimObject>, key: &PoolKey) -> Vec<AnyClaim> {
+    cache
+        .state_of(key.namespace.as_deref())
+        .into_iter()
+        .map(AnyClaim::from)
+        .filter(|c| c.is_of(key))
+        .collect()
+}
+
+/// The address objects of the pool `key` in `cache` (of its namespace, for a namespaced pool).
 pub fn cached_addresses(cache: &Index<AddressObject>, key: &PoolKey) -> Vec<AnyAddress> {
     let of_pool = |a: &Arc<AddressObject>| key.is_named_by(&a.pool, Some(&a.meta.namespace));
     cache
-        .state()
+        .state_of(key.namespace.as_deref())
         .into_iter()
         .filter(of_pool)
         .map(AnyAddress::from)

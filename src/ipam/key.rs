@@ -127,31 +127,8 @@ impl PoolKey {
         })
     }
 
-    pub fn of_claim(claim: &capi::IPAddressClaim) -> Option<Self> {
-        Self::of_ref(&claim.spec.pool_ref, &claim.namespace()?)
-    }
-
     pub fn of_address(address: &capi::IPAddress) -> Option<Self> {
         Self::of_ref(&address.spec.pool_ref, &address.namespace()?)
-    }
-
-    /// The Metal3 IPPool an IPClaim names (always in the claim's own namespace: upstream
-    /// serves no other).
-    pub fn of_ipclaim(claim: &metal3_ipam::IPClaim) -> Option<Self> {
-        let namespace = claim.namespace()?;
-        let pool = &claim.spec.pool;
-        if pool
-            .namespace
-            .as_ref()
-            .is_some_and(|ns| !ns.is_empty() && *ns != namespace)
-        {
-            return None;
-        }
-        Some(Self {
-            kind: PoolKind::Metal3IPPool,
-            namespace: Some(namespace),
-            name: pool.name.clone()?,
-        })
     }
 
     pub fn of_metal3_address(address: &metal3_ipam::Metal3IPAddress) -> Option<Self> {

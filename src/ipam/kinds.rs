@@ -12,11 +12,12 @@ use tokio::time::Instant;
 
 use super::Context;
 use super::intent::{ClaimId, Refusal};
+use super::key::PoolKey;
 use crate::alloc::AllocError;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, LocalObjectName};
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
 use crate::client::deadline::Deadline;
-use crate::runtime::cached::{AddressApi, AddressObject};
+use crate::runtime::cached::{AddressObject, ClaimObject, IpamApi};
 use crate::runtime::error::{Call, Error, Verb, object_of};
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -28,10 +29,21 @@ pub enum ClaimKind {
     Metal3,
 }
 
-#[derive(Clone, Debug)]
-pub enum AnyClaim {
-    Capi(Arc<IPAddressClaim>),
-    Metal3(Arc<IPClaim>),
+/// A claim of either API, as the caches hold it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AnyClaim(Arc<ClaimObject>);
+
+impl From<Arc<ClaimObject>> for AnyClaim {
+    fn from(object: Arc<ClaimObject>) -> Self {
+        Self(object)
+    }
+}
+
+impl std::ops::Deref for AnyClaim {
+    type Target = ClaimObject;
+    fn deref(&self) -> &ClaimObject {
+        &self.0
+    }
 }
 
 /// What a claim's status should say after a reconcile.
@@ -52,63 +64,92 @@ pub enum Outcome {
 }
 
 impl AnyClaim {
-    pub fn meta(&self) -> &ObjectMeta {
-        match self {
-            AnyClaim::Capi(c) => c.meta(),
-            AnyClaim::Metal3(c) => c.meta(),
-        }
+    /// An IPAddressClaim read from the server; `None` without a name or namespace.
+    pub fn capi(object: &IPAddressClaim) -> Option<Self> {
+        ClaimObject::of_capi(object).map(|c| Self(Arc::new(c)))
+    }
+
+    /// A Metal3 IPClaim read from the server; `None` without a name or namespace.
+    pub fn metal3(object: &IPClaim) -> Option<Self> {
+        ClaimObject::of_metal3(object).map(|c| Self(Arc::new(c)))
     }
 
     pub fn kind(&self) -> ClaimKind {
-        match self {
-            AnyClaim::Capi(_) => ClaimKind::Capi,
-            AnyClaim::Metal3(_) => ClaimKind::Metal3,
+        match self.api {
+            IpamApi::Capi => ClaimKind::Capi,
+            IpamApi::Metal3 => ClaimKind::Metal3,
         }
     }
 
     pub fn name(&self) -> String {
-        self.meta().name.clone().unwrap_or_default()
+        self.meta.name.to_string()
     }
 
     pub fn namespace(&self) -> String {
-        self.meta().namespace.clone().unwrap_or_default()
+        self.meta.namespace.to_string()
+    }
+
+    /// The claim's UID; `None` before it has one.
+    pub fn uid(&self) -> Option<String> {
+        Some(self.meta.uid.to_string()).filter(|uid| !uid.is_empty())
     }
 
     pub fn id(&self) -> Option<ClaimId> {
         Some(ClaimId {
-            uid: self.meta().uid.clone()?,
-            namespace: self.meta().namespace.clone()?,
-            name: self.meta().name.clone()?,
+            uid: self.uid()?,
+            namespace: self.namespace(),
+            name: self.name(),
         })
+    }
+
+    /// The pool the claim names, if it is one bitpool serves.
+    pub fn pool_key(&self) -> Option<PoolKey> {
+        if self.pool_elsewhere {
+            return None;
+        }
+        PoolKey::of_ref(&self.pool, &self.meta.namespace).filter(|key| !key.name.is_empty())
+    }
+
+    /// Whether the claim names the pool `key`.
+    pub fn is_of(&self, key: &PoolKey) -> bool {
+        !self.pool_elsewhere && key.is_named_by(&self.pool, Some(&self.meta.namespace))
     }
 
     /// The `ipAddress` annotation (Metal3's, honoured on both kinds).
     pub fn requested(&self) -> Option<String> {
-        self.meta()
-            .annotations
-            .as_ref()?
-            .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
-            .cloned()
+        self.requested_address().map(str::to_string)
     }
 
-    /// The claim's own Cluster (CAPI claims only; a Metal3 claim follows its pool's).
+    /// The claim's own Cluster (CAPI claims only; a Metal3 claim follows its pool's): its
+    /// `spec.clusterName`, else its cluster-name label.
     pub fn cluster_name(&self) -> Option<&str> {
-        match self {
-            AnyClaim::Capi(c) => objects::cluster_name(c.spec.cluster_name.as_deref(), c.meta()),
-            AnyClaim::Metal3(_) => None,
+        match self.api {
+            IpamApi::Capi => (self.cluster_name.as_deref())
+                .filter(|n| !n.is_empty())
+                .or_else(|| self.meta.label(crate::api::labels::CLUSTER_NAME)),
+            IpamApi::Metal3 => None,
         }
     }
 
     pub fn deleting(&self) -> bool {
-        self.meta().deletion_timestamp.is_some()
+        self.meta.deleted.is_some()
+    }
+
+    fn kind_name(&self) -> String {
+        match self.api {
+            IpamApi::Capi => IPAddressClaim::kind(&()).to_string(),
+            IpamApi::Metal3 => IPClaim::kind(&()).to_string(),
+        }
     }
 
     /// `<Kind> <namespace>/<name>`, for logs.
     pub fn describe(&self) -> String {
-        match self {
-            AnyClaim::Capi(c) => crate::runtime::cache::describe(&**c),
-            AnyClaim::Metal3(c) => crate::runtime::cache::describe(&**c),
-        }
+        format!(
+            "{} {}/{}",
+            self.kind_name(),
+            self.meta.namespace,
+            self.meta.name
+        )
     }
 
     /// The UID of the claim of `kind` named `namespace/name` on the server now, if it exists.
@@ -140,15 +181,20 @@ impl AnyClaim {
         finalizer: &str,
         present: bool,
     ) -> Result<FinalizerPatch, Error> {
-        let ns = self.namespace();
-        match self {
-            AnyClaim::Capi(c) => {
-                let api = Api::namespaced(ctx.client.clone(), &ns);
-                objects::set_finalizer(&api, &**c, finalizer, present).await
+        let (ns, meta) = (self.namespace(), &self.meta);
+        let listed = objects::Finalizers {
+            name: &meta.name,
+            resource_version: &meta.resource_version,
+            current: meta.finalizers.iter().map(|f| &**f),
+        };
+        match self.api {
+            IpamApi::Capi => {
+                let api = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &ns);
+                listed.set(&api, finalizer, present).await
             }
-            AnyClaim::Metal3(c) => {
-                let api = Api::namespaced(ctx.client.clone(), &ns);
-                objects::set_finalizer(&api, &**c, finalizer, present).await
+            IpamApi::Metal3 => {
+                let api = Api::<IPClaim>::namespaced(ctx.client.clone(), &ns);
+                listed.set(&api, finalizer, present).await
             }
         }
     }
@@ -157,34 +203,53 @@ impl AnyClaim {
     /// claim, upstream's `status.address` and `errorMessage` strings on a Metal3 claim.
     /// Writes the claim's status for `outcome`; false when it already said so.
     pub async fn write_status(&self, ctx: &Context, outcome: &Outcome) -> Result<bool, Error> {
-        let ns = self.namespace();
-        let patch = match self {
-            AnyClaim::Capi(claim) => capi_status_patch(claim, outcome),
-            AnyClaim::Metal3(claim) => metal3_status_patch(claim, outcome),
+        let patch = match self.api {
+            IpamApi::Capi => capi_status_patch(self, outcome),
+            IpamApi::Metal3 => metal3_status_patch(self, outcome),
         };
         let Some(patch) = patch else {
             return Ok(false);
         };
-        match self {
-            AnyClaim::Capi(c) => {
+        self.patch_status(ctx, patch).await?;
+        Ok(true)
+    }
+
+    /// Merge-patches the claim's status.
+    pub async fn patch_status(&self, ctx: &Context, patch: serde_json::Value) -> Result<(), Error> {
+        let (ns, name) = (self.namespace(), &*self.meta.name);
+        match self.api {
+            IpamApi::Capi => {
                 let api = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &ns);
-                objects::merge_status(&api, &c.name_any(), patch).await?;
+                objects::merge_status(&api, name, patch).await
             }
-            AnyClaim::Metal3(c) => {
+            IpamApi::Metal3 => {
                 let api = Api::<IPClaim>::namespaced(ctx.client.clone(), &ns);
-                objects::merge_status(&api, &c.name_any(), patch).await?;
+                objects::merge_status(&api, name, patch).await
             }
         }
-        Ok(true)
+    }
+
+    /// Deletes the claim (a claim already gone is no error).
+    pub async fn delete(&self, ctx: &Context) -> Result<(), Error> {
+        let (ns, name) = (self.namespace(), &*self.meta.name);
+        match self.api {
+            IpamApi::Capi => {
+                let api = Api::<IPAddressClaim>::namespaced(ctx.client.clone(), &ns);
+                objects::delete_ignoring_missing(&api, name).await
+            }
+            IpamApi::Metal3 => {
+                let api = Api::<IPClaim>::namespaced(ctx.client.clone(), &ns);
+                objects::delete_ignoring_missing(&api, name).await
+            }
+        }
     }
 
     /// The name of the address object the claim's status names, if it names one.
     pub fn status_address_name(&self) -> Option<String> {
-        match self {
-            AnyClaim::Capi(c) => Some(c.status.as_ref()?.address_ref.as_ref()?.name.clone()),
-            AnyClaim::Metal3(c) => c.status.as_ref()?.address.as_ref()?.name.clone(),
-        }
-        .filter(|name| !name.is_empty())
+        self.address
+            .as_deref()
+            .filter(|name| !name.is_empty())
+            .map(str::to_string)
     }
 
     /// The claim's address object read from the server, when its name is known without a list:
@@ -192,12 +257,9 @@ impl AnyClaim {
     /// them. A Metal3 pool names its objects after the address: a claim whose status names none
     /// has no name to read.
     pub async fn fetch_address(&self, ctx: &Context) -> Result<Option<AnyAddress>, FetchError> {
-        let named_after_claim = match self {
-            AnyClaim::Capi(c) => {
-                (c.spec.pool_ref.api_group != metal3_ipam::GROUP).then(|| c.name_any())
-            }
-            AnyClaim::Metal3(_) => None,
-        };
+        let named_after_claim = (self.api == IpamApi::Capi
+            && *self.pool.api_group != *metal3_ipam::GROUP)
+            .then(|| self.name());
         let name = self
             .status_address_name()
             .or(named_after_claim)
@@ -214,13 +276,13 @@ impl AnyClaim {
         name: &str,
     ) -> Result<Option<AnyAddress>, Error> {
         let ns = self.namespace();
-        match self {
-            AnyClaim::Capi(_) => {
+        match self.api {
+            IpamApi::Capi => {
                 let api = Api::<IPAddress>::namespaced(ctx.client.clone(), &ns);
                 let found = objects::get_optional(&api, name).await?;
                 Ok(found.as_ref().and_then(AnyAddress::capi))
             }
-            AnyClaim::Metal3(_) => {
+            IpamApi::Metal3 => {
                 let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), &ns);
                 let found = objects::get_optional(&api, name).await?;
                 Ok(found.as_ref().and_then(AnyAddress::metal3))
@@ -228,11 +290,46 @@ impl AnyClaim {
         }
     }
 
+    /// A reference to the claim as its address object's owner; `None` before it has a UID.
+    pub fn owner_reference(
+        &self,
+        controller: bool,
+    ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+        let reference = self.object_ref();
+        Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: reference.api_version?,
+                kind: reference.kind?,
+                name: reference.name?,
+                uid: reference.uid?,
+                controller: Some(controller),
+                block_owner_deletion: Some(true),
+            },
+        )
+    }
+
+    /// The claim's labels as Kubernetes spells them (`None` when it has none).
+    pub fn labels(&self) -> Option<std::collections::BTreeMap<String, String>> {
+        (!self.meta.labels.is_empty()).then(|| {
+            (self.meta.labels.iter())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+    }
+
     /// The claim as an Event's `regarding`.
-    pub fn object_ref(&self) -> k8s_openapi::api::core::v1::ObjectReference {
-        match self {
-            AnyClaim::Capi(c) => c.object_ref(&()),
-            AnyClaim::Metal3(c) => c.object_ref(&()),
+    pub fn object_ref(&self) -> ObjectReference {
+        let api_version = match self.api {
+            IpamApi::Capi => IPAddressClaim::api_version(&()),
+            IpamApi::Metal3 => IPClaim::api_version(&()),
+        };
+        ObjectReference {
+            api_version: Some(api_version.to_string()),
+            kind: Some(self.kind_name()),
+            name: Some(self.name()),
+            namespace: Some(self.namespace()),
+            uid: Some(self.meta.uid.to_string()).filter(|uid| !uid.is_empty()),
+            ..Default::default()
         }
     }
 }
@@ -322,14 +419,18 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
     }
 }
 
-fn capi_status_patch(claim: &IPAddressClaim, outcome: &Outcome) -> Option<serde_json::Value> {
-    let mut status = claim.status.clone().unwrap_or_default();
+fn capi_status_patch(claim: &ClaimObject, outcome: &Outcome) -> Option<serde_json::Value> {
+    let current = claim.address.as_deref().map(|name| LocalObjectName {
+        name: name.to_string(),
+    });
+    let mut address_ref = current.clone();
+    let mut conditions = claim.conditions();
     let condition = match outcome {
         Outcome::Allocated {
             address_name,
             address,
         } => {
-            status.address_ref = Some(LocalObjectName {
+            address_ref = Some(LocalObjectName {
                 name: address_name.clone(),
             });
             objects::condition(
@@ -337,7 +438,7 @@ fn capi_status_patch(claim: &IPAddressClaim, outcome: &Outcome) -> Option<serde_
                 true,
                 "AddressAllocated",
                 format!("allocated {address}"),
-                claim.meta().generation,
+                claim.generation,
             )
         }
         other => {
@@ -347,15 +448,14 @@ fn capi_status_patch(claim: &IPAddressClaim, outcome: &Outcome) -> Option<serde_
                 false,
                 reason,
                 message,
-                claim.meta().generation,
+                claim.generation,
             )
         }
     };
-    let ref_changed =
-        claim.status.as_ref().and_then(|s| s.address_ref.as_ref()) != status.address_ref.as_ref();
-    let condition_changed = objects::set_condition(&mut status.conditions, condition);
+    let ref_changed = current != address_ref;
+    let condition_changed = objects::set_condition(&mut conditions, condition);
     (ref_changed || condition_changed)
-        .then(|| capi::claim_status_patch(status.address_ref.as_ref(), &status.conditions))
+        .then(|| capi::claim_status_patch(address_ref.as_ref(), &conditions))
 }
 
 fn paused_message(pool: &str) -> String {
@@ -426,20 +526,19 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
     })
 }
 
-fn metal3_status_patch(claim: &IPClaim, outcome: &Outcome) -> Option<serde_json::Value> {
-    let current = claim.status.clone().unwrap_or_default();
-    let address = match outcome {
-        Outcome::Allocated { address_name, .. } => Some(ObjectReference {
-            name: Some(address_name.clone()),
-            namespace: claim.namespace(),
-            ..Default::default()
-        }),
-        _ => current.address.clone(),
+fn metal3_status_patch(claim: &ClaimObject, outcome: &Outcome) -> Option<serde_json::Value> {
+    let current = claim.address.as_deref();
+    let address_name = match outcome {
+        Outcome::Allocated { address_name, .. } => Some(address_name.as_str()),
+        _ => current,
     };
     let error = metal3_error(outcome);
-    let unchanged = current.error_message == error
-        && current.address.as_ref().and_then(|a| a.name.as_ref())
-            == address.as_ref().and_then(|a| a.name.as_ref());
+    let unchanged = claim.error_message() == error.as_deref() && current == address_name;
+    let address = address_name.map(|name| ObjectReference {
+        name: Some(name.to_string()),
+        namespace: Some(claim.meta.namespace.to_string()),
+        ..Default::default()
+    });
     (!unchanged).then(|| json!({ "status": { "address": address, "errorMessage": error } }))
 }
 
@@ -482,8 +581,8 @@ impl AnyAddress {
     /// The kind of claim it answers.
     pub fn claim_kind(&self) -> ClaimKind {
         match self.api {
-            AddressApi::Capi => ClaimKind::Capi,
-            AddressApi::Metal3 => ClaimKind::Metal3,
+            IpamApi::Capi => ClaimKind::Capi,
+            IpamApi::Metal3 => ClaimKind::Metal3,
         }
     }
 
@@ -521,8 +620,8 @@ impl AnyAddress {
     /// `<Kind> <namespace>/<name>`, for logs.
     pub fn describe(&self) -> String {
         let kind = match self.api {
-            AddressApi::Capi => "IPAddress",
-            AddressApi::Metal3 => "IPAddress.ipam.metal3.io",
+            IpamApi::Capi => "IPAddress",
+            IpamApi::Metal3 => "IPAddress.ipam.metal3.io",
         };
         format!("{kind} {}/{}", self.meta.namespace, self.meta.name)
     }
@@ -530,8 +629,8 @@ impl AnyAddress {
     /// The UID of the claim it was created for (from its owner references).
     pub fn claim_uid(&self) -> Option<String> {
         let kind = match self.api {
-            AddressApi::Capi => "IPAddressClaim",
-            AddressApi::Metal3 => "IPClaim",
+            IpamApi::Capi => "IPAddressClaim",
+            IpamApi::Metal3 => "IPClaim",
         };
         self.meta
             .owners
@@ -549,11 +648,11 @@ impl AnyAddress {
     pub async fn merge_patch(&self, ctx: &Context, patch: serde_json::Value) -> Result<(), Error> {
         let (ns, name) = (self.namespace(), &*self.meta.name);
         match self.api {
-            AddressApi::Capi => {
+            IpamApi::Capi => {
                 let api = Api::<IPAddress>::namespaced(ctx.client.clone(), ns);
                 objects::merge_patch(&api, name, patch).await
             }
-            AddressApi::Metal3 => {
+            IpamApi::Metal3 => {
                 let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), ns);
                 objects::merge_patch(&api, name, patch).await
             }
@@ -564,11 +663,11 @@ impl AnyAddress {
     pub async fn delete(&self, ctx: &Context, finalizer: &str) -> Result<bool, Error> {
         let (ns, name) = (self.namespace(), &*self.meta.name);
         match self.api {
-            AddressApi::Capi => {
+            IpamApi::Capi => {
                 let api = Api::<IPAddress>::namespaced(ctx.client.clone(), ns);
                 delete_with(&api, name, finalizer).await
             }
-            AddressApi::Metal3 => {
+            IpamApi::Metal3 => {
                 let api = Api::<Metal3IPAddress>::namespaced(ctx.client.clone(), ns);
                 delete_with(&api, name, finalizer).await
             }
@@ -633,12 +732,14 @@ impl NewAddress {
         claim: &AnyClaim,
         deadline: Instant,
     ) -> Result<Created, Error> {
-        let claim_uid = claim.meta().uid.as_deref();
+        let claim_uid = claim.meta.uid.to_string();
         let owned_by_claim = |meta: &ObjectMeta| {
-            meta.owner_references
-                .iter()
-                .flatten()
-                .any(|o| Some(o.uid.as_str()) == claim_uid)
+            !claim_uid.is_empty()
+                && meta
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == claim_uid)
         };
         match self {
             NewAddress::Capi(object) => {
@@ -707,5 +808,66 @@ where
             }))
         }
         Err(e) => Err(failed(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::capi::{IPAddressClaimSpec, IPAddressClaimStatus, IPPoolReference};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    fn claim(conditions: Vec<Condition>, address: Option<&str>) -> ClaimObject {
+        let mut object = IPAddressClaim::new(
+            "c",
+            IPAddressClaimSpec {
+                cluster_name: None,
+                pool_ref: IPPoolReference {
+                    name: "p".into(),
+                    kind: "InClusterIPPool".into(),
+                    api_group: capi::GROUP.into(),
+                },
+            },
+        );
+        object.metadata.namespace = Some("ns".into());
+        object.status = Some(IPAddressClaimStatus {
+            address_ref: address.map(|name| LocalObjectName { name: name.into() }),
+            conditions,
+            ..Default::default()
+        });
+        ClaimObject::of_capi(&object).expect("named and namespaced")
+    }
+
+    fn condition(type_: &str, status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    /// The status patch of a cached claim writes every condition it had (a merge patch replaces
+    /// the list), and nothing when the claim already says so.
+    #[test]
+    fn a_status_patch_keeps_the_other_conditions() {
+        let other = condition("Other", "False", "Elsewhere", "kept");
+        let allocated = Outcome::Allocated {
+            address_name: "c".into(),
+            address: "10.0.0.4".into(),
+        };
+        let patch =
+            capi_status_patch(&claim(vec![other.clone()], None), &allocated).expect("a change");
+        let written = &patch["status"]["conditions"];
+        assert_eq!(written.as_array().map(Vec::len), Some(2), "{patch}");
+        assert_eq!(written[0]["type"], "Other");
+        assert_eq!(written[0]["message"], "kept");
+        assert_eq!(written[1]["type"], "Ready");
+        assert_eq!(patch["status"]["addressRef"]["name"], "c");
+        let ready = condition("Ready", "True", "AddressAllocated", "allocated 10.0.0.4");
+        let served = claim(vec![other, ready], Some("c"));
+        assert_eq!(capi_status_patch(&served, &allocated), None);
     }
 }

@@ -14,16 +14,18 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
-use super::dialect::{AddressKinds, FreshAddresses, PoolDialect, Report, cached_addresses};
-use super::key::{PoolKey, PoolKind};
+use super::dialect::{
+    AddressKinds, FreshAddresses, PoolDialect, Report, cached_addresses, cached_claims,
+};
+use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::spec;
 use crate::alloc::{self, AddressSpace, Lease};
 use crate::api::capi::Cluster;
 use crate::api::labels;
 use crate::api::metal3_ipam::{
-    ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPClaim,
-    IPPool, Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
+    ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPPool,
+    Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
 };
 use crate::runtime::objects;
 
@@ -130,19 +132,9 @@ impl PoolDialect for IPPool {
 
     fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
         let key = self.key();
-        let metal3 = ctx
-            .ipclaims
-            .state()
-            .into_iter()
-            .filter(|c| PoolKey::of_ipclaim(c).as_ref() == Some(&key))
-            .map(AnyClaim::Metal3);
-        let capi = ctx
-            .claims
-            .state()
-            .into_iter()
-            .filter(|c| key.is_named_by(&c.spec.pool_ref, c.metadata.namespace.as_deref()))
-            .map(AnyClaim::Capi);
-        metal3.chain(capi).collect()
+        let mut claims = cached_claims(&ctx.ipclaims, &key);
+        claims.extend(cached_claims(&ctx.claims, &key));
+        claims
     }
 
     fn claim_finalizer(kind: ClaimKind) -> &'static str {
@@ -195,17 +187,17 @@ impl PoolDialect for IPPool {
             return Err(problem);
         }
         let missing = || format!("{} has no UID or namespace yet", claim.describe());
-        match claim {
-            AnyClaim::Metal3(ipclaim) => metal3_address(
+        match claim.kind() {
+            ClaimKind::Metal3 => metal3_address(
                 self,
-                ipclaim,
+                claim,
                 lease.address,
                 i32::from(lease.prefix),
                 lease.gateway.map(|g| g.to_string()),
                 lease.dns_servers.iter().map(ToString::to_string).collect(),
             )
             .ok_or_else(missing),
-            AnyClaim::Capi(_) => {
+            ClaimKind::Capi => {
                 super::capi::capi_address(self, claim, lease, name, CAPI_ADDRESS_FINALIZER)
                     .ok_or_else(missing)
             }
@@ -260,13 +252,13 @@ impl PoolDialect for IPPool {
 /// `<namePrefix>-<address>`, labels copied from the claim, owned by pool and claim.
 pub(super) fn metal3_address(
     pool: &IPPool,
-    ipclaim: &IPClaim,
+    ipclaim: &AnyClaim,
     address: IpAddr,
     prefix: i32,
     gateway: Option<String>,
     dns_servers: Vec<String>,
 ) -> Option<NewAddress> {
-    let namespace = ipclaim.namespace()?;
+    let namespace = ipclaim.namespace();
     let reference = |name: String| ObjectReference {
         name: Some(name),
         namespace: Some(namespace.clone()),
@@ -277,12 +269,19 @@ pub(super) fn metal3_address(
             name: Some(address_name(&pool.spec.name_prefix, address)),
             namespace: Some(namespace.clone()),
             finalizers: Some(vec![ADDRESS_FINALIZER.to_string()]),
-            labels: ipclaim.metadata.labels.clone(),
-            owner_references: Some(vec![plain_owner(pool)?, plain_owner(ipclaim)?]),
+            labels: ipclaim.labels(),
+            owner_references: Some(vec![
+                plain_owner(pool)?,
+                OwnerReference {
+                    controller: None,
+                    block_owner_deletion: None,
+                    ..ipclaim.owner_reference(false)?
+                },
+            ]),
             ..Default::default()
         },
         spec: Metal3IPAddressSpec {
-            claim: reference(ipclaim.name_any()),
+            claim: reference(ipclaim.name()),
             pool: reference(pool.name_any()),
             address: address.to_string(),
             prefix: Some(prefix),

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -19,15 +19,14 @@ use super::Context;
 use super::dialect::PoolDialect;
 use super::engine;
 use super::intent;
-use super::key::PoolKey;
 use super::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
 use super::ledger::Loaded;
 use super::metal3::metal3_address;
 use super::transaction;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
-use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPClaim, IPPool};
-use crate::runtime::cached::AddressApi;
-use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::api::metal3_ipam::{ADDRESS_FINALIZER, CLAIM_FINALIZER, IPPool};
+use crate::runtime::cached::IpamApi;
+use crate::runtime::error::{Error, Verb, object_of};
 use crate::runtime::objects::{self, FinalizerPatch};
 
 /// The IPPool controller's reconcile: the pool engine (group `metal3-ipam`), or the proxy when
@@ -71,25 +70,26 @@ async fn proxied(ctx: &Context, claim: &IPAddressClaim) -> Result<Proxied, Error
     }
 }
 
-fn owned_by(claim: &IPAddressClaim, owner: &IPClaim) -> bool {
+fn owned_by(claim: &IPAddressClaim, owner: &AnyClaim) -> bool {
+    let uid = owner.uid();
     claim
         .owner_references()
         .iter()
-        .any(|o| Some(&o.uid) == owner.meta().uid.as_ref())
+        .any(|o| Some(&o.uid) == uid.as_ref())
 }
 
 /// The proxy claim for `ipclaim`: same name and namespace, owned by it, against `target`.
 fn proxy_claim(
     pool: &IPPool,
-    ipclaim: &IPClaim,
+    ipclaim: &AnyClaim,
     target: &IPPoolReference,
 ) -> Option<IPAddressClaim> {
     Some(IPAddressClaim {
         metadata: ObjectMeta {
-            name: Some(ipclaim.name_any()),
-            namespace: ipclaim.namespace(),
-            labels: ipclaim.metadata.labels.clone(),
-            owner_references: Some(vec![objects::owner_reference(ipclaim, true)?]),
+            name: Some(ipclaim.name()),
+            namespace: Some(ipclaim.namespace()),
+            labels: ipclaim.labels(),
+            owner_references: Some(vec![ipclaim.owner_reference(true)?]),
             ..Default::default()
         },
         spec: IPAddressClaimSpec {
@@ -102,7 +102,7 @@ fn proxy_claim(
 
 /// The Metal3 IPAddress mirroring `address` for `ipclaim`. DNS servers come from the Metal3
 /// pool (the CAPI contract carries none).
-fn mirror(pool: &IPPool, ipclaim: &IPClaim, address: &IPAddress) -> Option<NewAddress> {
+fn mirror(pool: &IPPool, ipclaim: &AnyClaim, address: &IPAddress) -> Option<NewAddress> {
     metal3_address(
         pool,
         ipclaim,
@@ -127,12 +127,11 @@ async fn reconcile_proxy(
         pool: &pool,
         target: &target,
         ctx: &ctx,
-        ipclaims: Api::namespaced(ctx.client.clone(), &namespace),
         claims: Api::namespaced(ctx.client.clone(), &namespace),
         mirrors: pool
             .addresses(&ctx, None)
             .into_iter()
-            .filter(|a| a.api == AddressApi::Metal3)
+            .filter(|a| a.api == IpamApi::Metal3)
             .map(|a| (a.claim().1, a))
             .collect(),
     };
@@ -149,13 +148,11 @@ async fn reconcile_proxy(
     let key = pool.key();
     let mut indexes = BTreeMap::new();
     let mut requeue = retire_own_ledger(&pool, &ctx).await?;
-    for ipclaim in ctx.ipclaims.state() {
-        if PoolKey::of_ipclaim(&ipclaim).as_ref() != Some(&key)
-            || objects::is_paused(ipclaim.meta())
-        {
+    for ipclaim in ctx.ipclaims.state().into_iter().map(AnyClaim::from) {
+        if ipclaim.pool_key().as_ref() != Some(&key) || ipclaim.paused() {
             continue;
         }
-        let step = match ipclaim.meta().deletion_timestamp {
+        let step = match ipclaim.meta.deleted {
             Some(_) => proxy.release_one(&ipclaim).await?,
             None => proxy.serve_one(&ipclaim).await?,
         };
@@ -163,7 +160,7 @@ async fn reconcile_proxy(
             Step::Done => {}
             Step::Again(after) => requeue = Some(after),
             Step::Served(address) => {
-                indexes.insert(ipclaim.name_any(), address);
+                indexes.insert(ipclaim.name(), address);
             }
         }
     }
@@ -212,7 +209,6 @@ struct Proxy<'a> {
     pool: &'a IPPool,
     target: &'a IPPoolReference,
     ctx: &'a Context,
-    ipclaims: Api<IPClaim>,
     claims: Api<IPAddressClaim>,
     /// The pool's Metal3 IPAddresses, by claim name.
     mirrors: BTreeMap<String, AnyAddress>,
@@ -221,11 +217,11 @@ struct Proxy<'a> {
 impl Proxy<'_> {
     /// A deleting IPClaim: its mirror goes first, then its proxy claim (which releases the
     /// address), then its finalizer.
-    async fn release_one(&self, ipclaim: &IPClaim) -> Result<Step, Error> {
-        if !objects::has_finalizer(ipclaim.meta(), CLAIM_FINALIZER) {
+    async fn release_one(&self, ipclaim: &AnyClaim) -> Result<Step, Error> {
+        if !ipclaim.meta.has_finalizer(CLAIM_FINALIZER) {
             return Ok(Step::Done);
         }
-        let name = ipclaim.name_any();
+        let name = ipclaim.name();
         let existing = objects::get_optional(&self.claims, &name).await?;
         if let Some(address) = self.mirrors.get(&name)
             && !address.delete(self.ctx, ADDRESS_FINALIZER).await?
@@ -238,14 +234,18 @@ impl Proxy<'_> {
             }
             return Ok(Step::Again(Duration::from_secs(1)));
         }
-        objects::remove_finalizer(&self.ipclaims, ipclaim, CLAIM_FINALIZER).await?;
+        ipclaim
+            .set_finalizer(self.ctx, CLAIM_FINALIZER, false)
+            .await?;
         Ok(Step::Done)
     }
 
     /// A live IPClaim: its proxy claim made, and once that is served, the address mirrored as
     /// a Metal3 IPAddress and written to the IPClaim's status.
-    async fn serve_one(&self, ipclaim: &Arc<IPClaim>) -> Result<Step, Error> {
-        if objects::add_finalizer(&self.ipclaims, &**ipclaim, CLAIM_FINALIZER).await?
+    async fn serve_one(&self, ipclaim: &AnyClaim) -> Result<Step, Error> {
+        if ipclaim
+            .set_finalizer(self.ctx, CLAIM_FINALIZER, true)
+            .await?
             == FinalizerPatch::Stale
         {
             return Ok(Step::Again(Duration::from_millis(200)));
@@ -265,15 +265,15 @@ impl Proxy<'_> {
 
     /// The IPClaim's proxy claim, made if it is missing; `None` (its status says why, or its
     /// event comes) when there is none to use.
-    async fn proxy_of(&self, ipclaim: &Arc<IPClaim>) -> Result<Option<IPAddressClaim>, Error> {
-        let name = ipclaim.name_any();
+    async fn proxy_of(&self, ipclaim: &AnyClaim) -> Result<Option<IPAddressClaim>, Error> {
+        let name = ipclaim.name();
         match objects::get_optional(&self.claims, &name).await? {
             Some(proxy) if owned_by(&proxy, ipclaim) => Ok(Some(proxy)),
             Some(_) => {
                 let message =
                     format!("an IPAddressClaim named {name} exists and is not this claim's proxy");
-                let any = AnyClaim::Metal3(ipclaim.clone());
-                any.write_status(self.ctx, &Outcome::Failed(message))
+                ipclaim
+                    .write_status(self.ctx, &Outcome::Failed(message))
                     .await?;
                 Ok(None)
             }
@@ -292,26 +292,17 @@ impl Proxy<'_> {
     }
 
     /// Writes the proxy claim's failure to the IPClaim's status, unless it says so already.
-    async fn tell_failure(&self, ipclaim: &IPClaim, message: String) -> Result<(), Error> {
-        let current = ipclaim
-            .status
-            .as_ref()
-            .and_then(|s| s.error_message.as_deref());
-        if current == Some(message.as_str()) {
+    async fn tell_failure(&self, ipclaim: &AnyClaim, message: String) -> Result<(), Error> {
+        if ipclaim.error_message() == Some(message.as_str()) {
             return Ok(());
         }
-        let name = ipclaim.name_any();
         let patch = json!({ "status": { "errorMessage": message } });
-        self.ipclaims
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .call(Verb::PatchStatus, &self.ipclaims, &name)
-            .map(drop)
+        ipclaim.patch_status(self.ctx, patch).await
     }
 
     /// The proxy claim's address mirrored as the IPClaim's Metal3 IPAddress, and the outcome
     /// written to the IPClaim's status.
-    async fn mirror(&self, ipclaim: &Arc<IPClaim>, address: &IPAddress) -> Result<Step, Error> {
+    async fn mirror(&self, ipclaim: &AnyClaim, address: &IPAddress) -> Result<Step, Error> {
         let (Some(object), Ok(ip)) = (
             mirror(self.pool, ipclaim, address),
             address.spec.address.parse::<std::net::IpAddr>(),
@@ -320,8 +311,7 @@ impl Proxy<'_> {
         };
         // A mirror of an address that exists: no reservation's window applies.
         let deadline = tokio::time::Instant::now() + crate::client::deadline::WRITE_DEADLINE;
-        let any = AnyClaim::Metal3(ipclaim.clone());
-        let (outcome, step) = match object.create(self.ctx, &any, deadline).await? {
+        let (outcome, step) = match object.create(self.ctx, ipclaim, deadline).await? {
             Created::Confirmed | Created::Own(_) => (
                 Outcome::Allocated {
                     address_name: object.name(),
@@ -331,7 +321,7 @@ impl Proxy<'_> {
             ),
             Created::Conflict(message) => (Outcome::Failed(message), Step::Done),
         };
-        any.write_status(self.ctx, &outcome).await?;
+        ipclaim.write_status(self.ctx, &outcome).await?;
         Ok(step)
     }
 }

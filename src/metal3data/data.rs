@@ -13,7 +13,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ObjectReference, Secret, SecretReference};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -30,7 +30,9 @@ use crate::api::metal3_hosts::{
 use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
 use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
 use crate::runtime::Context;
+use crate::runtime::cached::{ClaimObject, Meta, Uid};
 use crate::runtime::error::{Call, Error, Verb, object_of};
+use crate::runtime::index::Index;
 use crate::runtime::objects::{self, FinalizerPatch};
 
 /// How often a Metal3Data that waits on objects bitpool does not watch looks again.
@@ -477,6 +479,14 @@ fn owned_by(meta: &ObjectMeta, data: &Metal3Data) -> bool {
         .any(|o| Some(o.uid.as_str()) == uid)
 }
 
+/// [`owned_by`] for a cached object.
+fn owned_by_cached(meta: &Meta, data: &Metal3Data) -> bool {
+    let Some(uid) = data.meta().uid.as_deref().map(Uid::of) else {
+        return false;
+    };
+    meta.owners.iter().any(|o| o.uid == uid)
+}
+
 /// Finds or creates the claim for one pool and reads its address.
 async fn ensure_claim(
     data: &Metal3Data,
@@ -500,7 +510,7 @@ async fn ensure_claim(
     let pool = &reference.name;
     match reference.kind() {
         PoolKind::Metal3 => {
-            let read = |claim: &IPClaim| metal3_address(ctx, claim, pool);
+            let read = |claim: &ClaimObject| metal3_address(ctx, claim, pool);
             let new = |metadata| IPClaim {
                 metadata,
                 spec: IPClaimSpec {
@@ -515,7 +525,7 @@ async fn ensure_claim(
             claim_of_pool(data, ctx, &ctx.ipclaims, &names, pool, read, new).await
         }
         PoolKind::Capi => {
-            let read = |claim: &IPAddressClaim| capi_address(ctx, claim, reference);
+            let read = |claim: &ClaimObject| capi_address(ctx, claim, reference);
             let new = |metadata| IPAddressClaim {
                 metadata,
                 spec: IPAddressClaimSpec {
@@ -546,10 +556,10 @@ struct ClaimNames<'a> {
 async fn claim_of_pool<K>(
     data: &Metal3Data,
     ctx: &Context,
-    store: &Store<K>,
+    cache: &Index<ClaimObject>,
     names: &ClaimNames<'_>,
     pool: &str,
-    read: impl FnOnce(&K) -> ClaimState,
+    read: impl FnOnce(&ClaimObject) -> ClaimState,
     new: impl FnOnce(ObjectMeta) -> K,
 ) -> Result<ClaimState, Error>
 where
@@ -559,18 +569,18 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let find = |name: &str| store.get(&ObjectRef::new(name).within(names.namespace));
+    let find = |name: &str| cache.get(names.namespace, name);
     let ours = names
         .candidates
         .into_iter()
         .filter_map(|n| find(n))
-        .find(|c| owned_by(c.meta(), data));
+        .find(|c| owned_by_cached(&c.meta, data));
     if let Some(claim) = ours {
         return Ok(read(&claim));
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), names.namespace);
     if let Some(other) = find(names.preferred) {
-        return earlier_claim(&api, &*other).await;
+        return earlier_claim(&api, &other).await;
     }
     let claim = new(claim_meta(data, names.preferred, pool));
     create_claim(&api, &claim, pool).await
@@ -625,33 +635,40 @@ where
 
 /// A claim of the wanted name that belongs to another (earlier) Metal3Data: never taken over.
 /// If it is being deleted, its finalizer from that Metal3Data is lifted so that it can go.
-async fn earlier_claim<K>(api: &Api<K>, claim: &K) -> Result<ClaimState, Error>
+async fn earlier_claim<K>(api: &Api<K>, claim: &ClaimObject) -> Result<ClaimState, Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    if claim.meta().deletion_timestamp.is_some() {
-        objects::remove_finalizer(api, claim, DATA_FINALIZER).await?;
+    let meta = &claim.meta;
+    if meta.deleted.is_some() {
+        let listed = objects::Finalizers {
+            name: &meta.name,
+            resource_version: &meta.resource_version,
+            current: meta.finalizers.iter().map(|f| &**f),
+        };
+        listed.set(api, DATA_FINALIZER, false).await?;
         return Ok(ClaimState::Waiting(format!(
             "claim {} of an earlier Metal3Data is being deleted",
-            claim.name_any()
+            meta.name
         )));
     }
     Ok(ClaimState::Waiting(format!(
         "claim {} belongs to another Metal3Data; waiting for it to be released",
-        claim.name_any()
+        meta.name
     )))
 }
 
-fn metal3_address(ctx: &Context, claim: &IPClaim, pool: &str) -> ClaimState {
-    let status = claim.status.clone().unwrap_or_default();
-    if let Some(message) = status.error_message {
+fn metal3_address(ctx: &Context, claim: &ClaimObject, pool: &str) -> ClaimState {
+    if let Some(message) = claim.error_message() {
         return ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"));
     }
-    let Some(address_name) = status.address.and_then(|a| a.name) else {
+    let Some(address_name) = &claim.address else {
         return ClaimState::Waiting(format!("waiting for an address from pool {pool}"));
     };
-    let namespace = claim.namespace().unwrap_or_default();
-    match ctx.metal3_addresses.get(&namespace, &address_name) {
+    match ctx
+        .metal3_addresses
+        .get(&claim.meta.namespace, address_name)
+    {
         Some(address) => ClaimState::Address(PoolAddress {
             address: address.address.to_string(),
             prefix: address.prefix.unwrap_or(0),
@@ -662,19 +679,20 @@ fn metal3_address(ctx: &Context, claim: &IPClaim, pool: &str) -> ClaimState {
     }
 }
 
-fn capi_address(ctx: &Context, claim: &IPAddressClaim, reference: &PoolReference) -> ClaimState {
+fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -> ClaimState {
     let pool = &reference.name;
-    if claim.meta().deletion_timestamp.is_some() {
+    if claim.meta.deleted.is_some() {
         return ClaimState::Waiting(format!(
             "IPAddressClaim {} is being deleted",
-            claim.name_any()
+            claim.meta.name
         ));
     }
-    let status = claim.status.clone().unwrap_or_default();
-    let Some(address_name) = status.address_ref.map(|a| a.name).filter(|n| !n.is_empty()) else {
+    let Some(address_name) = claim.address.as_deref().filter(|n| !n.is_empty()) else {
         // Beyond CAPM3: say why the provider refused, instead of waiting silently.
-        let refused = status.conditions.iter().find(|c| {
-            c.type_ == capi::READY_CONDITION && c.status == "False" && !c.message.is_empty()
+        let refused = claim.conditions.iter().find(|c| {
+            &*c.head.type_ == capi::READY_CONDITION
+                && &*c.head.status == "False"
+                && !c.message.is_empty()
         });
         return match refused {
             Some(c) => {
@@ -683,15 +701,15 @@ fn capi_address(ctx: &Context, claim: &IPAddressClaim, reference: &PoolReference
             None => ClaimState::Waiting(format!("waiting for an address from pool {pool}")),
         };
     };
-    let namespace = claim.namespace().unwrap_or_default();
-    let Some(address) = ctx.addresses.get(&namespace, &address_name) else {
+    let namespace = &claim.meta.namespace;
+    let Some(address) = ctx.addresses.get(namespace, address_name) else {
         return ClaimState::Waiting(format!("IPAddress {address_name} not found"));
     };
     ClaimState::Address(PoolAddress {
         address: address.address.to_string(),
         prefix: address.prefix.unwrap_or(0),
         gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
-        dns_servers: capi_pool_dns(ctx, reference, &namespace),
+        dns_servers: capi_pool_dns(ctx, reference, namespace),
     })
 }
 
@@ -773,13 +791,11 @@ where
 }
 
 /// The Metal3Data a claim or address event concerns: the claim's controlling Metal3Data.
-pub fn owner_data(meta: &ObjectMeta) -> Option<ObjectRef<Metal3Data>> {
-    let namespace = meta.namespace.as_deref()?;
-    meta.owner_references
+pub fn owner_data(meta: &Meta) -> Option<ObjectRef<Metal3Data>> {
+    meta.owners
         .iter()
-        .flatten()
-        .find(|o| o.kind == "Metal3Data")
-        .map(|o| ObjectRef::new(&o.name).within(namespace))
+        .find(|o| &*o.kind == "Metal3Data")
+        .map(|o| ObjectRef::new(&o.name).within(&meta.namespace))
 }
 
 /// The Metal3Data a Metal3DataClaim's events concern (deletion waits on the claim).
@@ -874,15 +890,22 @@ mod tests {
 
     #[test]
     fn claim_and_address_events_map_to_the_controlling_metal3_data() {
-        let mut meta = owned(&[(
+        let meta = owned(&[(
             "infrastructure.cluster.x-k8s.io/v1beta1",
             "Metal3Data",
             "t-0",
         )]);
-        assert_eq!(owner_data(&meta), None, "no namespace, no reference");
-        meta.namespace = Some("ns".into());
-        assert_eq!(owner_data(&meta), Some(ObjectRef::new("t-0").within("ns")));
+        let cached = |meta: &ObjectMeta| {
+            let mut meta = meta.clone();
+            meta.namespace = Some("ns".into());
+            meta.name = Some("claim".into());
+            Meta::of(&meta).expect("named and namespaced")
+        };
+        assert_eq!(
+            owner_data(&cached(&meta)),
+            Some(ObjectRef::new("t-0").within("ns"))
+        );
         let claim_meta = owned(&[("ipam.metal3.io/v1alpha1", "IPPool", "p")]);
-        assert_eq!(owner_data(&claim_meta), None);
+        assert_eq!(owner_data(&cached(&claim_meta)), None);
     }
 }

@@ -73,19 +73,19 @@ pub(crate) fn data_controller(
             .watches_shared_stream(data_claims.subscribe()?, |claim| {
                 data::data_of_claim(&claim)
             })
-            .watches_shared_stream(caches.ipclaims.subscribe()?, |claim| {
-                data::owner_data(claim.meta())
-            })
-            .watches_shared_stream(caches.claims.subscribe()?, |claim| {
-                data::owner_data(claim.meta())
-            })
+            .reconcile_on(triggered_by(caches.ipclaims.index.subscribe(), |claim| {
+                data::owner_data(&claim.meta)
+            }))
+            .reconcile_on(triggered_by(caches.claims.index.subscribe(), |claim| {
+                data::owner_data(&claim.meta)
+            }))
             .reconcile_on(triggered_by(
                 caches.addresses.index.subscribe(),
                 move |address| {
                     let claim = for_capi
                         .claims
-                        .get(&ObjectRef::new(&address.claim).within(&address.meta.namespace))?;
-                    data::owner_data(claim.meta())
+                        .get(&address.meta.namespace, &address.claim)?;
+                    data::owner_data(&claim.meta)
                 },
             ))
             .reconcile_on(triggered_by(
@@ -93,8 +93,8 @@ pub(crate) fn data_controller(
                 move |address| {
                     let claim = for_metal3
                         .ipclaims
-                        .get(&ObjectRef::new(&address.claim).within(&address.meta.namespace))?;
-                    data::owner_data(claim.meta())
+                        .get(&address.meta.namespace, &address.claim)?;
+                    data::owner_data(&claim.meta)
                 },
             )),
     )

@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
-use super::cached::AddressObject;
+use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Settings};
 use super::index::Watched;
 use super::trigger;
@@ -127,9 +127,9 @@ async fn crd_exists(client: &Client, name: &str) -> bool {
 
 /// One shared cache per watched kind.
 pub(crate) struct Caches {
-    pub(crate) claims: Shared<IPAddressClaim>,
+    pub(crate) claims: Watched<IPAddressClaim, ClaimObject>,
     pub(crate) addresses: Watched<IPAddress, AddressObject>,
-    pub(crate) ipclaims: Shared<IPClaim>,
+    pub(crate) ipclaims: Watched<IPClaim, ClaimObject>,
     pub(crate) metal3_addresses: Watched<Metal3IPAddress, AddressObject>,
     pub(crate) clusters: Option<Shared<Cluster>>,
     pub(crate) pools: Shared<InClusterIPPool>,
@@ -154,9 +154,9 @@ impl Caches {
             );
         }
         Self {
-            claims: Shared::new(),
+            claims: Watched::new(ClaimObject::of_capi),
             addresses: Watched::new(AddressObject::of_capi),
-            ipclaims: Shared::new(),
+            ipclaims: Watched::new(ClaimObject::of_metal3),
             metal3_addresses: Watched::new(AddressObject::of_metal3),
             clusters,
             pools: Shared::new(),
@@ -180,7 +180,7 @@ impl Caches {
         Context {
             client: client.clone(),
             settings: settings.clone(),
-            claims: self.claims.store.clone(),
+            claims: self.claims.index.clone(),
             addresses: self.addresses.index.clone(),
             clusters: self.clusters.as_ref().map(|c| c.store.clone()),
             pools: self.pools.store.clone(),
@@ -188,7 +188,7 @@ impl Caches {
             prefix_pools: self.prefix_pools.store.clone(),
             global_prefix_pools: self.global_prefix_pools.store.clone(),
             ippools: self.ippools.store.clone(),
-            ipclaims: self.ipclaims.store.clone(),
+            ipclaims: self.ipclaims.index.clone(),
             metal3_addresses: self.metal3_addresses.index.clone(),
             data_templates: self.data_templates.store.clone(),
             datas: self.datas.store.clone(),

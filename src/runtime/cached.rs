@@ -6,19 +6,20 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::ObjectMeta;
 
 use super::intern;
-use crate::api::capi::{IPAddress, IPPoolReference};
-use crate::api::metal3_ipam::{self, Metal3IPAddress};
+use crate::api::capi::{IPAddress, IPAddressClaim, IPPoolReference};
+use crate::api::labels;
+use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
 
-/// Which API an address object is of.
+/// Which API a claim or address object is of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AddressApi {
-    /// `ipam.cluster.x-k8s.io` IPAddress.
+pub enum IpamApi {
+    /// `ipam.cluster.x-k8s.io` IPAddressClaim and IPAddress.
     Capi,
-    /// `ipam.metal3.io` IPAddress.
+    /// `ipam.metal3.io` IPClaim and IPAddress.
     Metal3,
 }
 
@@ -149,7 +150,7 @@ pub struct Meta {
 
 impl Meta {
     /// `None` for an object without a name or namespace (only a namespaced kind is cached here).
-    fn of(meta: &ObjectMeta) -> Option<Self> {
+    pub fn of(meta: &ObjectMeta) -> Option<Self> {
         let name: Arc<str> = Arc::from(meta.name.as_deref()?);
         Some(Self {
             namespace: intern::string(meta.namespace.as_deref()?),
@@ -205,7 +206,7 @@ impl Meta {
 /// An address object of either API, as the caches hold it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AddressObject {
-    pub api: AddressApi,
+    pub api: IpamApi,
     pub meta: Meta,
     /// `spec.address` as written (it may not parse).
     pub address: Box<str>,
@@ -220,13 +221,7 @@ pub struct AddressObject {
 }
 
 impl AddressObject {
-    fn new(
-        api: AddressApi,
-        meta: Meta,
-        address: &str,
-        claim: &str,
-        pool: &IPPoolReference,
-    ) -> Self {
+    fn new(api: IpamApi, meta: Meta, address: &str, claim: &str, pool: &IPPoolReference) -> Self {
         // The claim's name is the object's (CAPI pools) or its controller owner's (Metal3).
         let shared = std::iter::once(&meta.name)
             .chain(meta.owners.iter().map(|o| &o.name))
@@ -253,7 +248,7 @@ impl AddressObject {
             prefix: Some(spec.prefix),
             gateway: spec.gateway.as_deref().map(intern::string),
             ..Self::new(
-                AddressApi::Capi,
+                IpamApi::Capi,
                 meta,
                 &spec.address,
                 &spec.claim_ref.name,
@@ -276,13 +271,219 @@ impl AddressObject {
             gateway: spec.gateway.as_deref().map(intern::string),
             dns_servers: intern::strings(&spec.dns_servers),
             ..Self::new(
-                AddressApi::Metal3,
+                IpamApi::Metal3,
                 meta,
                 &spec.address,
                 spec.claim.name.as_deref().unwrap_or_default(),
                 &pool,
             )
         })
+    }
+}
+
+/// A condition's type, status and reason: one shared copy for the claims that say the same.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConditionHead {
+    pub type_: Arc<str>,
+    pub status: Arc<str>,
+    pub reason: Arc<str>,
+}
+
+/// A status condition of a cached claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CachedCondition {
+    pub head: Arc<ConditionHead>,
+    pub message: Box<str>,
+    pub last_transition_time: Time,
+    pub observed_generation: Option<i64>,
+}
+
+impl CachedCondition {
+    fn of(condition: &Condition) -> Self {
+        Self {
+            head: intern::condition_head(ConditionHead {
+                type_: intern::string(&condition.type_),
+                status: intern::string(&condition.status),
+                reason: intern::string(&condition.reason),
+            }),
+            message: condition.message.as_str().into(),
+            last_transition_time: condition.last_transition_time.clone(),
+            observed_generation: condition.observed_generation,
+        }
+    }
+
+    /// The condition as Kubernetes spells it, for a status patch.
+    pub fn condition(&self) -> Condition {
+        Condition {
+            type_: self.head.type_.to_string(),
+            status: self.head.status.to_string(),
+            reason: self.head.reason.to_string(),
+            message: self.message.to_string(),
+            last_transition_time: self.last_transition_time.clone(),
+            observed_generation: self.observed_generation,
+        }
+    }
+}
+
+/// A claim of either API, as the caches hold it: an IPAddressClaim or a Metal3 IPClaim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimObject {
+    pub api: IpamApi,
+    pub meta: Meta,
+    pub generation: Option<i64>,
+    /// The pool it names. A Metal3 claim's is given as a Metal3 IPPool reference, with an empty
+    /// name when it names none.
+    pub pool: Arc<IPPoolReference>,
+    /// A Metal3 claim naming a pool of another namespace (which upstream never serves).
+    pub pool_elsewhere: bool,
+    /// `spec.clusterName` (CAPI claims).
+    pub cluster_name: Option<Arc<str>>,
+    /// The address object its status names, if any.
+    pub address: Option<Arc<str>>,
+    /// Its status conditions (CAPI claims): every one, since a status patch writes the list
+    /// whole.
+    pub conditions: Box<[CachedCondition]>,
+    /// What few claims have, apart: most claims have none of it.
+    pub rare: Option<Box<RareClaimFields>>,
+}
+
+/// The fields of a cached claim that most claims do not have.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RareClaimFields {
+    /// The value of the pause annotation.
+    pub pause: Option<Arc<str>>,
+    /// The `ipAddress` annotation (Metal3's, honoured on both kinds).
+    pub requested: Option<Box<str>>,
+    /// Upstream's `status.errorMessage` (Metal3 claims).
+    pub error_message: Option<Box<str>>,
+}
+
+impl RareClaimFields {
+    /// `None` when the claim has none of them.
+    fn boxed(self) -> Option<Box<Self>> {
+        (self != Self::default()).then(|| Box::new(self))
+    }
+}
+
+impl ClaimObject {
+    fn new(
+        api: IpamApi,
+        meta: Meta,
+        source: &ObjectMeta,
+        pool: &IPPoolReference,
+        error_message: Option<&str>,
+    ) -> Self {
+        let annotation = |key: &str| source.annotations.as_ref()?.get(key);
+        let rare = RareClaimFields {
+            pause: annotation(labels::PAUSED).map(|v| intern::string(v)),
+            requested: annotation(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
+                .map(|v| v.as_str().into()),
+            error_message: error_message.map(Box::from),
+        };
+        Self {
+            api,
+            meta,
+            generation: source.generation,
+            pool: intern::pool_reference(pool),
+            pool_elsewhere: false,
+            cluster_name: None,
+            address: None,
+            conditions: Box::new([]),
+            rare: rare.boxed(),
+        }
+    }
+
+    /// An IPAddressClaim as cached; `None` without a name or namespace.
+    pub fn of_capi(object: &IPAddressClaim) -> Option<Self> {
+        let meta = Meta::of(&object.metadata)?;
+        let status = object.status.as_ref();
+        // A CAPI pool names the address object after the claim: one copy of the name.
+        let address = status.and_then(|s| s.address_ref.as_ref()).map(|r| {
+            if *r.name == *meta.name {
+                meta.name.clone()
+            } else {
+                Arc::from(r.name.as_str())
+            }
+        });
+        Some(Self {
+            cluster_name: object.spec.cluster_name.as_deref().map(intern::string),
+            address,
+            conditions: status
+                .map(|s| s.conditions.iter().map(CachedCondition::of).collect())
+                .unwrap_or_default(),
+            ..Self::new(
+                IpamApi::Capi,
+                meta,
+                &object.metadata,
+                &object.spec.pool_ref,
+                None,
+            )
+        })
+    }
+
+    /// A Metal3 IPClaim as cached; `None` without a name or namespace.
+    pub fn of_metal3(object: &IPClaim) -> Option<Self> {
+        let meta = Meta::of(&object.metadata)?;
+        let pool = &object.spec.pool;
+        let pool_elsewhere = pool
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| !ns.is_empty() && *ns != *meta.namespace);
+        let reference = IPPoolReference {
+            name: pool.name.clone().unwrap_or_default(),
+            kind: "IPPool".into(),
+            api_group: metal3_ipam::GROUP.into(),
+        };
+        let status = object.status.as_ref();
+        Some(Self {
+            pool_elsewhere,
+            address: status
+                .and_then(|s| s.address.as_ref()?.name.as_deref())
+                .map(Arc::from),
+            ..Self::new(
+                IpamApi::Metal3,
+                meta,
+                &object.metadata,
+                &reference,
+                status.and_then(|s| s.error_message.as_deref()),
+            )
+        })
+    }
+
+    /// Whether it is paused for bitpool: the pause annotation with any value but
+    /// [`labels::HANDED_TO_BITPOOL`] (which pauses everyone else).
+    pub fn paused(&self) -> bool {
+        self.rare
+            .as_ref()
+            .and_then(|r| r.pause.as_deref())
+            .is_some_and(|value| value != labels::HANDED_TO_BITPOOL)
+    }
+
+    /// The `ipAddress` annotation (Metal3's, honoured on both kinds).
+    pub fn requested_address(&self) -> Option<&str> {
+        self.rare.as_ref()?.requested.as_deref()
+    }
+
+    /// Upstream's `status.errorMessage` (Metal3 claims).
+    pub fn error_message(&self) -> Option<&str> {
+        self.rare.as_ref()?.error_message.as_deref()
+    }
+
+    /// Its status conditions as Kubernetes spells them.
+    pub fn conditions(&self) -> Vec<Condition> {
+        self.conditions
+            .iter()
+            .map(CachedCondition::condition)
+            .collect()
+    }
+}
+
+impl super::index::Cached for ClaimObject {
+    fn namespace(&self) -> &Arc<str> {
+        &self.meta.namespace
+    }
+    fn name(&self) -> &Arc<str> {
+        &self.meta.name
     }
 }
 
@@ -402,6 +603,121 @@ mod tests {
             Uid::of("5F8A1C3E-2B1D-4C6E-9F0A-00000000002A"),
             Uid::Other(_)
         ));
+    }
+
+    fn capi_claim() -> IPAddressClaim {
+        let condition = |type_: &str, status: &str| Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "AddressAllocated".into(),
+            message: "allocated 10.0.0.4".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: Some(2),
+        };
+        IPAddressClaim {
+            metadata: ObjectMeta {
+                name: Some("m-1".into()),
+                namespace: Some("metal3".into()),
+                uid: Some("5f8a1c3e-2b1d-4c6e-9f0a-00000000002a".into()),
+                generation: Some(2),
+                annotations: Some(
+                    [(
+                        metal3_ipam::REQUESTED_ADDRESS_ANNOTATION.to_string(),
+                        "10.0.0.4".to_string(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            spec: crate::api::capi::IPAddressClaimSpec {
+                cluster_name: Some("c".into()),
+                pool_ref: capi_address().spec.pool_ref,
+            },
+            status: Some(crate::api::capi::IPAddressClaimStatus {
+                address_ref: Some(LocalObjectName { name: "m-1".into() }),
+                conditions: vec![condition("Ready", "True"), condition("Other", "False")],
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// A cached claim keeps what a status patch writes back (every condition, as it was) and
+    /// what a reconcile reads; its address object's name is its own name, shared.
+    #[test]
+    fn a_cached_claim_keeps_what_bitpool_reads_and_writes_back() {
+        let object = capi_claim();
+        let cached = ClaimObject::of_capi(&object).expect("named and namespaced");
+        let status = object.status.as_ref().expect("a status");
+        assert_eq!(cached.conditions(), status.conditions);
+        assert!(Arc::ptr_eq(
+            cached.address.as_ref().expect("an address"),
+            &cached.meta.name
+        ));
+        assert_eq!(cached.generation, Some(2));
+        assert_eq!(cached.cluster_name.as_deref(), Some("c"));
+        assert_eq!(cached.requested_address(), Some("10.0.0.4"));
+        assert!(!cached.paused());
+        assert_eq!(cached.meta.object_meta().uid, object.metadata.uid);
+        let other = ClaimObject::of_capi(&object).expect("cached");
+        assert!(Arc::ptr_eq(
+            &cached.conditions[0].head,
+            &other.conditions[0].head
+        ));
+    }
+
+    /// Only the pause annotation's values other than bitpool's own pause a claim for bitpool;
+    /// a claim without pause, requested address or error keeps no room for them.
+    #[test]
+    fn a_claim_is_paused_by_any_pause_value_but_bitpools() {
+        let mut object = capi_claim();
+        object.metadata.annotations = None;
+        let plain = ClaimObject::of_capi(&object).expect("cached");
+        assert!(plain.rare.is_none() && !plain.paused());
+        for (value, paused) in [
+            ("", true),
+            ("true", true),
+            (labels::HANDED_TO_BITPOOL, false),
+        ] {
+            object.metadata.annotations =
+                Some([(labels::PAUSED.to_string(), value.to_string())].into());
+            let cached = ClaimObject::of_capi(&object).expect("cached");
+            assert_eq!(cached.paused(), paused, "pause annotation {value:?}");
+        }
+    }
+
+    /// A Metal3 claim naming a pool of another namespace is marked so (upstream never serves
+    /// one), and its error message is kept.
+    #[test]
+    fn a_metal3_claim_keeps_its_pool_namespace_and_error() {
+        let claim = IPClaim {
+            metadata: ObjectMeta {
+                name: Some("c".into()),
+                namespace: Some("metal3".into()),
+                ..Default::default()
+            },
+            spec: metal3_ipam::IPClaimSpec {
+                pool: k8s_openapi::api::core::v1::ObjectReference {
+                    name: Some("p".into()),
+                    namespace: Some("other".into()),
+                    ..Default::default()
+                },
+            },
+            status: Some(metal3_ipam::IPClaimStatus {
+                address: None,
+                error_message: Some("Exhausted IP Pools".into()),
+            }),
+        };
+        let cached = ClaimObject::of_metal3(&claim).expect("cached");
+        assert!(cached.pool_elsewhere);
+        assert_eq!(&*cached.pool.name, "p");
+        assert_eq!(cached.error_message(), Some("Exhausted IP Pools"));
+        let mut here = claim.clone();
+        here.spec.pool.namespace = Some("metal3".into());
+        assert!(
+            !ClaimObject::of_metal3(&here)
+                .expect("cached")
+                .pool_elsewhere
+        );
     }
 
     #[test]

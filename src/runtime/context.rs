@@ -9,15 +9,15 @@ use std::time::Duration;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::cached::AddressObject;
+use super::cached::{AddressObject, ClaimObject};
 use super::error::{self, Error};
 use super::index::Index;
-use crate::api::capi::{Cluster, IPAddressClaim};
+use crate::api::capi::Cluster;
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
-use crate::api::metal3_ipam::{IPClaim, IPPool};
+use crate::api::metal3_ipam::IPPool;
 
 /// Which controllers a process runs (`--controllers`): a CAPI IPAM provider alone, the Metal3
 /// IPAM beside it, the migration proxy, and the Metal3Data reconciler.
@@ -92,7 +92,7 @@ pub struct Settings {
 pub struct Context {
     pub client: Client,
     pub settings: Settings,
-    pub claims: Store<IPAddressClaim>,
+    pub claims: Index<ClaimObject>,
     pub addresses: Index<AddressObject>,
     /// `None` when Cluster API core is not installed (nothing can pause a claim then).
     pub clusters: Option<Store<Cluster>>,
@@ -101,7 +101,7 @@ pub struct Context {
     pub prefix_pools: Store<InClusterPrefixPool>,
     pub global_prefix_pools: Store<GlobalInClusterPrefixPool>,
     pub ippools: Store<IPPool>,
-    pub ipclaims: Store<IPClaim>,
+    pub ipclaims: Index<ClaimObject>,
     pub metal3_addresses: Index<AddressObject>,
     pub data_templates: Store<Metal3DataTemplate>,
     pub datas: Store<Metal3Data>,
@@ -157,7 +157,7 @@ impl Context {
                 }
             }
         }
-        ready(&self.claims).await;
+        self.claims.wait_until_ready().await;
         self.addresses.wait_until_ready().await;
         ready(&self.pools).await;
         ready(&self.global_pools).await;
@@ -166,7 +166,7 @@ impl Context {
         let groups = self.settings.groups;
         if groups.metal3_kinds() {
             ready(&self.ippools).await;
-            ready(&self.ipclaims).await;
+            self.ipclaims.wait_until_ready().await;
             self.metal3_addresses.wait_until_ready().await;
         }
         if groups.metal3_data {

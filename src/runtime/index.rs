@@ -27,6 +27,7 @@ struct Inner<T> {
     objects: RwLock<Objects<T>>,
     ready: watch::Sender<bool>,
     subscribers: Mutex<Vec<mpsc::UnboundedSender<Arc<T>>>>,
+    removal_subscribers: Mutex<Vec<mpsc::UnboundedSender<Arc<T>>>>,
 }
 
 /// The reading side of a cache, cheap to clone.
@@ -55,6 +56,7 @@ impl<T: Cached> Index<T> {
                 objects: RwLock::new(HashMap::new()),
                 ready: watch::Sender::new(false),
                 subscribers: Mutex::new(Vec::new()),
+                removal_subscribers: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -63,6 +65,19 @@ impl<T: Cached> Index<T> {
     pub fn state(&self) -> Vec<Arc<T>> {
         match self.inner.objects.read() {
             Ok(objects) => objects.values().flat_map(|m| m.values().cloned()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Every cached object of `namespace`, or of every namespace for `None`.
+    pub fn state_of(&self, namespace: Option<&str>) -> Vec<Arc<T>> {
+        let Some(namespace) = namespace else {
+            return self.state();
+        };
+        match self.inner.objects.read() {
+            Ok(objects) => (objects.get(namespace).into_iter())
+                .flat_map(|m| m.values().cloned())
+                .collect(),
             Err(_) => Vec::new(),
         }
     }
@@ -112,9 +127,29 @@ impl<T: Cached> Index<T> {
         })
     }
 
+    /// Every object that leaves the cache from now on (deleted, or missing from a relist), as
+    /// it was last cached. Unlike [`Self::subscribe`], nothing is coalesced or dropped.
+    pub fn subscribe_removed(&self) -> impl Stream<Item = Arc<T>> + Send + 'static {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        if let Ok(mut subscribers) = self.inner.removal_subscribers.lock() {
+            subscribers.push(sender);
+        }
+        futures::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|object| (object, receiver))
+        })
+    }
+
     fn notify(&self, object: &Arc<T>) {
         if let Ok(mut subscribers) = self.inner.subscribers.lock() {
             subscribers.retain(|s| s.send(object.clone()).is_ok());
+        }
+    }
+
+    fn notify_removed(&self, removed: impl IntoIterator<Item = Arc<T>>) {
+        if let Ok(mut subscribers) = self.inner.removal_subscribers.lock() {
+            for object in removed {
+                subscribers.retain(|s| s.send(object.clone()).is_ok());
+            }
         }
     }
 
@@ -147,14 +182,16 @@ impl<T: Cached> Index<T> {
                 let (Some(namespace), Some(name)) = (&meta.namespace, &meta.name) else {
                     return;
                 };
+                let mut removed = None;
                 if let Ok(mut objects) = self.inner.objects.write()
                     && let Some(names) = objects.get_mut(namespace.as_str())
                 {
-                    names.remove(name.as_str());
+                    removed = names.remove(name.as_str());
                     if names.is_empty() {
                         objects.remove(namespace.as_str());
                     }
                 }
+                self.notify_removed(removed);
             }
             watcher::Event::Init => *relist = Some(Objects::new()),
             watcher::Event::InitApply(object) => {
@@ -166,9 +203,19 @@ impl<T: Cached> Index<T> {
                 let Some(list) = relist.take() else {
                     return;
                 };
+                let mut gone = Vec::new();
                 if let Ok(mut objects) = self.inner.objects.write() {
-                    *objects = list;
+                    let old = std::mem::replace(&mut *objects, list);
+                    for (namespace, names) in old {
+                        let kept = objects.get(&namespace);
+                        gone.extend(
+                            (names.into_iter())
+                                .filter(|(name, _)| kept.is_none_or(|k| !k.contains_key(name)))
+                                .map(|(_, object)| object),
+                        );
+                    }
                 }
+                self.notify_removed(gone);
                 self.inner.ready.send_replace(true);
                 // As the shared reflector does: every object once the list is complete.
                 for object in self.state() {
@@ -289,6 +336,7 @@ mod tests {
     async fn a_relist_replaces_the_cache_and_makes_it_ready() {
         let index: Index<Named> = Index::new();
         let triggers = index.subscribe();
+        let removed = index.subscribe_removed();
         let mut relist = None;
         index.apply(watcher::Event::Apply(named("old", 1)), &mut relist, same);
         assert!(!index.is_ready());
@@ -310,10 +358,19 @@ mod tests {
         assert_eq!(index.get("ns", "a").map(|a| a.version), Some(2));
         assert!(index.get("ns", "b").is_none());
         assert_eq!(index.len(), 1);
+        assert_eq!(index.state_of(Some("ns")).len(), 1);
+        assert!(index.state_of(Some("other")).is_empty());
+        assert_eq!(index.state_of(None).len(), 1);
         drop(index);
         let mut names: Vec<String> = triggers.map(|o| o.name.to_string()).collect().await;
         names.sort();
         names.dedup();
         assert_eq!(names, ["a", "b", "old"]);
+        let removed: Vec<String> = removed.map(|o| o.name.to_string()).collect().await;
+        assert_eq!(
+            removed,
+            ["old", "b"],
+            "missing from the relist, then deleted"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::cached::Owner;
+use super::cached::{ConditionHead, Owner};
 use crate::api::capi::IPPoolReference;
 
 /// A set of shared values. Values no cached object holds any more are dropped when the set has
@@ -76,6 +76,7 @@ static STRING_LISTS: LazyLock<Interner<[Arc<str>]>> = LazyLock::new(Interner::ne
 static LABEL_SETS: LazyLock<Interner<[Label]>> = LazyLock::new(Interner::new);
 static POOL_REFERENCES: LazyLock<Interner<IPPoolReference>> = LazyLock::new(Interner::new);
 static OWNERS: LazyLock<Interner<Owner>> = LazyLock::new(Interner::new);
+static CONDITION_HEADS: LazyLock<Interner<ConditionHead>> = LazyLock::new(Interner::new);
 
 /// The shared copy of a string that repeats across objects.
 pub fn string(value: &str) -> Arc<str> {
@@ -100,6 +101,11 @@ pub fn labels<'a>(values: impl IntoIterator<Item = (&'a String, &'a String)>) ->
 /// The shared copy of an owner reference (one that many objects have, such as their pool).
 pub fn owner(value: Owner) -> Arc<Owner> {
     OWNERS.get(&value, |v: &Owner| Arc::new(v.clone()))
+}
+
+/// The shared copy of a condition's type, status and reason.
+pub fn condition_head(value: ConditionHead) -> Arc<ConditionHead> {
+    CONDITION_HEADS.get(&value, |v: &ConditionHead| Arc::new(v.clone()))
 }
 
 /// The shared copy of a pool reference.

@@ -18,6 +18,7 @@ pub mod error;
 pub mod index;
 pub mod intern;
 pub mod objects;
+pub mod selection;
 pub mod trigger;
 
 pub use cache::WATCH_FILTER_LABEL;

@@ -7,8 +7,8 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
+use kube::Resource;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
@@ -27,41 +27,59 @@ pub enum FinalizerPatch {
     Stale,
 }
 
-async fn patch_finalizers<K>(
-    api: &Api<K>,
-    object: &K,
-    finalizers: Vec<String>,
-) -> Result<FinalizerPatch, Error>
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
-    let patch = json!({
-        "metadata": {
-            "resourceVersion": object.meta().resource_version,
-            "finalizers": finalizers,
-        }
-    });
-    match api
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await
+/// An object's finalizers as last read, with what a patch of them needs: its name, and the
+/// resourceVersion the patch is conditional on.
+pub struct Finalizers<'a, I> {
+    pub name: &'a str,
+    pub resource_version: &'a str,
+    pub current: I,
+}
+
+impl<'a, I: Iterator<Item = &'a str>> Finalizers<'a, I> {
+    /// Makes `finalizer` present or absent, unless the object changed since it was read.
+    pub async fn set<K>(
+        self,
+        api: &Api<K>,
+        finalizer: &str,
+        present: bool,
+    ) -> Result<FinalizerPatch, Error>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug,
     {
-        Ok(_) => Ok(FinalizerPatch::Done),
-        Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
-            Ok(FinalizerPatch::Stale)
+        let mut finalizers = Vec::new();
+        let mut had = false;
+        for f in self.current {
+            if f == finalizer {
+                had = true;
+            } else {
+                finalizers.push(f.to_string());
+            }
         }
-        Err(e) => Err(Error::api(
-            Verb::Patch,
-            object_of(api, &object.name_any()),
-            e,
-        )),
+        if had == present {
+            return Ok(FinalizerPatch::Done);
+        }
+        if present {
+            finalizers.push(finalizer.to_string());
+        }
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": (!self.resource_version.is_empty()).then_some(self.resource_version),
+                "finalizers": finalizers,
+            }
+        });
+        match api
+            .patch(self.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => Ok(FinalizerPatch::Done),
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
+                Ok(FinalizerPatch::Stale)
+            }
+            Err(e) => Err(Error::api(Verb::Patch, object_of(api, self.name), e)),
+        }
     }
 }
 
-/// Makes `finalizer` present on `object` or absent from it; a no-op when it already is.
 pub async fn set_finalizer<K>(
     api: &Api<K>,
     object: &K,
@@ -71,19 +89,13 @@ pub async fn set_finalizer<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    if has_finalizer(object.meta(), finalizer) == present {
-        return Ok(FinalizerPatch::Done);
-    }
-    let mut finalizers: Vec<String> = object
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizer)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(finalizer.to_string());
-    }
-    patch_finalizers(api, object, finalizers).await
+    let meta = object.meta();
+    let listed = Finalizers {
+        name: meta.name.as_deref().unwrap_or_default(),
+        resource_version: meta.resource_version.as_deref().unwrap_or_default(),
+        current: meta.finalizers.iter().flatten().map(String::as_str),
+    };
+    listed.set(api, finalizer, present).await
 }
 
 pub async fn add_finalizer<K>(

@@ -127,7 +127,7 @@ impl Batch {
         object_name: Option<String>,
         result: Option<Result<Created, Error>>,
     ) {
-        let Some(uid) = claim.meta().uid.clone() else {
+        let Some(uid) = claim.uid() else {
             return;
         };
         let address = match result {
@@ -208,7 +208,7 @@ pub(super) async fn delete_addresses<P: PoolDialect>(
             if !vouches(&claim, &address) {
                 batch.orphans_deleted.extend(pool.held(&address));
             }
-            batch.second.release_claims.extend(claim.meta().uid.clone());
+            batch.second.release_claims.extend(claim.uid());
             batch.holders.remove(&(claim.kind(), claim.name()));
             batch.finished.push(claim);
         } else {

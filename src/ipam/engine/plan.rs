@@ -125,7 +125,7 @@ impl Batch {
         spec_error: &Option<String>,
     ) {
         for (claim, object) in found {
-            let (Some(uid), Some(ip)) = (claim.meta().uid.clone(), pool.held(&object)) else {
+            let (Some(uid), Some(ip)) = (claim.uid(), pool.held(&object)) else {
                 continue;
             };
             match outcomes.get(&uid) {
@@ -256,7 +256,6 @@ mod tests {
     //! reconcile will ask of the ledger and of the API server comes out.
 
     use std::collections::HashMap;
-    use std::sync::Arc;
 
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
@@ -305,7 +304,7 @@ mod tests {
 
     /// A claim of the pool; `names` is the object its status names, if any.
     fn claim(name: &str, names: Option<&str>, deleting: bool) -> AnyClaim {
-        AnyClaim::Capi(Arc::new(IPAddressClaim {
+        let claim = IPAddressClaim {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
@@ -323,7 +322,8 @@ mod tests {
                 }),
                 ..Default::default()
             }),
-        }))
+        };
+        AnyClaim::capi(&claim).expect("named and namespaced")
     }
 
     /// An address object of `claim` holding `ip`.
@@ -368,7 +368,7 @@ mod tests {
                 .collect();
             let all = claims
                 .iter()
-                .map(|c| (claim_key(c), c.meta().uid.clone().unwrap_or_default()))
+                .map(|c| (claim_key(c), c.uid().unwrap_or_default()))
                 .collect();
             let (addresses, extras) = index_by_claim(self.cached, &named);
             Observed {

@@ -21,7 +21,7 @@ use crate::runtime::objects::{self, FinalizerPatch};
 /// Whether a claim may be acted on now: not paused, and its Cluster (if it names one) neither
 /// paused nor, for a live claim, missing.
 pub(super) fn claim_may_proceed(claim: &AnyClaim, ctx: &Context) -> bool {
-    if objects::is_paused(claim.meta()) {
+    if claim.paused() {
         return false;
     }
     let (Some(cluster), Some(clusters)) = (claim.cluster_name(), &ctx.clusters) else {
@@ -133,13 +133,9 @@ pub(super) struct Age {
 
 /// Claims are served oldest first.
 pub(super) fn age(claim: &AnyClaim) -> Age {
-    let recorded = claim
-        .meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse::<u64>().ok());
+    let recorded = claim.meta.resource_version.parse::<u64>().ok();
     Age {
-        created: claim.meta().creation_timestamp.as_ref().map(|t| t.0),
+        created: claim.meta.created.as_ref().map(|t| t.0),
         unordered: recorded.is_none(),
         recorded: recorded.unwrap_or_default(),
         kind: claim.kind(),
@@ -165,7 +161,7 @@ pub(super) async fn select_claims<P: PoolDialect>(
         grace_wait: None,
         all: claims
             .iter()
-            .map(|c| (claim_key(c), c.meta().uid.clone().unwrap_or_default()))
+            .map(|c| (claim_key(c), c.uid().unwrap_or_default()))
             .collect(),
         again: false,
     };
@@ -175,9 +171,9 @@ pub(super) async fn select_claims<P: PoolDialect>(
             continue;
         }
         let finalizer = P::claim_finalizer(claim.kind());
-        match &claim.meta().deletion_timestamp {
+        match &claim.meta.deleted {
             Some(deleted) => {
-                if !objects::has_finalizer(claim.meta(), finalizer) {
+                if !claim.meta.has_finalizer(finalizer) {
                     continue;
                 }
                 let elapsed = objects::elapsed(deleted.0, now);
@@ -191,7 +187,7 @@ pub(super) async fn select_claims<P: PoolDialect>(
                     None => selected.again = true,
                 }
             }
-            None if objects::has_finalizer(claim.meta(), finalizer) => selected.live.push(claim),
+            None if claim.meta.has_finalizer(finalizer) => selected.live.push(claim),
             None if need_finalizer.len() < BATCH => need_finalizer.push(claim),
             None => selected.again = true,
         }
@@ -243,7 +239,7 @@ pub(super) async fn protect_claims<P: PoolDialect>(
         .into_iter()
         .filter(|c| {
             !c.deleting()
-                && !objects::has_finalizer(c.meta(), P::claim_finalizer(c.kind()))
+                && !c.meta.has_finalizer(P::claim_finalizer(c.kind()))
                 && claim_may_proceed(c, ctx)
         })
         .take(BATCH)
@@ -320,10 +316,10 @@ pub(super) async fn known_objects_of<P: PoolDialect>(
     let known: Vec<(AnyClaim, String)> = claims
         .iter()
         .filter_map(|claim| {
-            let uid = claim.meta().uid.as_deref()?;
+            let uid = claim.uid()?;
             let name = claim
                 .status_address_name()
-                .or_else(|| ctx.recently_created_address(uid))?;
+                .or_else(|| ctx.recently_created_address(&uid))?;
             Some((claim.clone(), name))
         })
         .collect();
@@ -439,7 +435,7 @@ mod tests {
             status: None,
         };
         claim.metadata.uid = Some(format!("{namespace}/{name}"));
-        AnyClaim::Capi(Arc::new(claim))
+        AnyClaim::capi(&claim).expect("named and namespaced")
     }
 
     /// Within one second, claims are served in the order the server recorded them, whatever
