@@ -12,6 +12,7 @@ use kube::runtime::reflector::Store;
 use super::key::{PoolKey, PoolKind};
 use super::transaction::SpecFingerprint;
 use crate::runtime;
+use crate::runtime::cached::Uid;
 
 /// How long an address object this process deleted or created is remembered; a watch lagging
 /// longer costs a check on the server per object, nothing worse.
@@ -33,7 +34,7 @@ struct Memory {
     spaces: Mutex<HashMap<PoolKey, CachedSpace>>,
     /// Address objects this process deleted (UID → when), until the watch has caught up: a
     /// lagging cache still lists them, and they need no check on the server.
-    deleted_addresses: Mutex<HashMap<String, Instant>>,
+    deleted_addresses: Mutex<HashMap<Uid, Instant>>,
     /// Address objects this process created (claim UID → object name, when), until a watch
     /// lagging behind them (a relist after an API server restart) must have caught up: a claim
     /// whose object the cache does not show yet is not given a second one.
@@ -105,18 +106,18 @@ impl Context {
     }
 
     /// Remembers that this process deleted the address object with UID `uid`.
-    pub fn deleted_address(&self, uid: &str) {
+    pub fn deleted_address(&self, uid: &Uid) {
         if let Ok(mut map) = self.memory.deleted_addresses.lock() {
             // Amortised: the old entries go whenever the map has doubled.
             if map.len() >= 1024 && map.len().is_power_of_two() {
                 map.retain(|_, at| at.elapsed() < DELETED_MEMORY);
             }
-            map.insert(uid.to_string(), Instant::now());
+            map.insert(uid.clone(), Instant::now());
         }
     }
 
     /// Whether this process deleted the address object with UID `uid` not long ago.
-    pub fn recently_deleted_address(&self, uid: &str) -> bool {
+    pub fn recently_deleted_address(&self, uid: &Uid) -> bool {
         self.memory
             .deleted_addresses
             .lock()

@@ -54,7 +54,7 @@ pub struct Report<'a> {
     pub ledger: &'a Ledger,
     pub spec_error: Option<&'a str>,
     /// Claim name → address, for the claims that hold one.
-    pub holders: &'a BTreeMap<(ClaimKind, String), IpAddr>,
+    pub holders: &'a BTreeMap<(ClaimKind, Arc<str>), IpAddr>,
     /// Addresses the pool's objects hold for more than one claim.
     pub shared: &'a [SharedAddress],
     /// Other pools whose addresses meet this one's.

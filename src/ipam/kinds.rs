@@ -17,7 +17,7 @@ use crate::alloc::AllocError;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, LocalObjectName};
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
 use crate::client::deadline::Deadline;
-use crate::runtime::cached::{AddressObject, ClaimObject, IpamApi};
+use crate::runtime::cached::{AddressObject, ClaimObject, IpamApi, Uid};
 use crate::runtime::error::{Call, Error, Verb, object_of};
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -246,10 +246,12 @@ impl AnyClaim {
 
     /// The name of the address object the claim's status names, if it names one.
     pub fn status_address_name(&self) -> Option<String> {
-        self.address
-            .as_deref()
-            .filter(|name| !name.is_empty())
-            .map(str::to_string)
+        self.status_address().map(|name| name.to_string())
+    }
+
+    /// [`Self::status_address_name`], shared with the cache.
+    pub fn status_address(&self) -> Option<&Arc<str>> {
+        self.address.as_ref().filter(|name| !name.is_empty())
     }
 
     /// The claim's address object read from the server, when its name is known without a list:
@@ -627,7 +629,7 @@ impl AnyAddress {
     }
 
     /// The UID of the claim it was created for (from its owner references).
-    pub fn claim_uid(&self) -> Option<String> {
+    pub fn claim_uid(&self) -> Option<&Uid> {
         let kind = match self.api {
             IpamApi::Capi => "IPAddressClaim",
             IpamApi::Metal3 => "IPClaim",
@@ -636,7 +638,7 @@ impl AnyAddress {
             .owners
             .iter()
             .find(|o| &*o.kind == kind)
-            .map(|o| o.uid.to_string())
+            .map(|o| &o.uid)
     }
 
     /// The kind of claim it answers, and that claim's name.

@@ -208,7 +208,7 @@ impl PoolDialect for IPPool {
     /// allocations change. A CAPI claim named like a Metal3 claim of the pool is listed as
     /// `IPAddressClaim/<name>` instead of overwriting it (upstream keys by name alone).
     fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
-        let metal3_names: std::collections::HashSet<&String> = report
+        let metal3_names: std::collections::HashSet<&std::sync::Arc<str>> = report
             .holders
             .keys()
             .filter(|(kind, _)| *kind == ClaimKind::Metal3)
@@ -222,7 +222,7 @@ impl PoolDialect for IPPool {
                     ClaimKind::Capi if metal3_names.contains(name) => {
                         format!("IPAddressClaim/{name}")
                     }
-                    _ => name.clone(),
+                    _ => name.to_string(),
                 };
                 (key, ip.to_string())
             })

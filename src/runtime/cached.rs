@@ -63,17 +63,29 @@ impl std::fmt::Display for Uid {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Other(text) => f.write_str(text),
+            // Written whole: reconciles turn every claim's UID of a pool into text.
             Self::Uuid(bytes) => {
-                for (i, byte) in bytes.iter().enumerate() {
-                    if matches!(i, 4 | 6 | 8 | 10) {
-                        f.write_str("-")?;
-                    }
-                    write!(f, "{byte:02x}")?;
-                }
-                Ok(())
+                let text = hyphenated(bytes);
+                f.write_str(std::str::from_utf8(&text).map_err(|_| std::fmt::Error)?)
             }
         }
     }
+}
+
+/// The canonical text of a UUID: lowercase hex, hyphens after the 4th, 6th, 8th and 10th byte.
+fn hyphenated(bytes: &[u8; 16]) -> [u8; 36] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [b'-'; 36];
+    let mut at = 0;
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            at += 1;
+        }
+        text[at] = HEX[usize::from(byte >> 4)];
+        text[at + 1] = HEX[usize::from(byte & 0x0f)];
+        at += 2;
+    }
+    text
 }
 
 impl std::fmt::Debug for Uid {

@@ -175,7 +175,8 @@ impl Batch {
             }
         };
         self.second.confirm.push((address, uid));
-        self.holders.insert((claim.kind(), claim.name()), address);
+        self.holders
+            .insert((claim.kind(), claim.meta.name.clone()), address);
         self.statuses.push((
             claim,
             Outcome::Allocated {
@@ -204,12 +205,14 @@ pub(super) async fn delete_addresses<P: PoolDialect>(
     .await;
     for (claim, address, gone) in deletions {
         if gone? {
-            ctx.deleted_address(&address.uid());
+            ctx.deleted_address(&address.meta.uid);
             if !vouches(&claim, &address) {
                 batch.orphans_deleted.extend(pool.held(&address));
             }
             batch.second.release_claims.extend(claim.uid());
-            batch.holders.remove(&(claim.kind(), claim.name()));
+            batch
+                .holders
+                .remove(&(claim.kind(), claim.meta.name.clone()));
             batch.finished.push(claim);
         } else {
             batch.again_within(Duration::from_secs(1));
@@ -218,7 +221,9 @@ pub(super) async fn delete_addresses<P: PoolDialect>(
     let orphans = std::mem::take(&mut batch.orphaned);
     for address in delete_unkept(pool, ctx, batch, orphans).await? {
         tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
-        batch.holders.remove(&address.claim());
+        batch
+            .holders
+            .remove(&(address.claim_kind(), address.claim.clone()));
     }
     let duplicates = std::mem::take(&mut batch.duplicates);
     for address in delete_unkept(pool, ctx, batch, duplicates).await? {
@@ -250,7 +255,7 @@ pub(super) async fn delete_unkept<P: PoolDialect>(
     for (address, gone) in deletions {
         match (gone?, pool.held(&address)) {
             (true, Some(ip)) => {
-                ctx.deleted_address(&address.uid());
+                ctx.deleted_address(&address.meta.uid);
                 batch.orphans_deleted.push(ip);
                 deleted.push(address);
             }

@@ -14,6 +14,7 @@ use crate::ipam::intent;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
 use crate::ipam::ledger::{self, Ledger, LedgerRef};
 use crate::ipam::transaction;
+use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
 use crate::runtime::objects;
 
@@ -143,13 +144,13 @@ pub(super) async fn repair_record<P: PoolDialect>(
     let fence_over = fenced && ledger.fenced_until(&objects::now().0.to_string()).is_none();
     let whole = ledger.whole() && !fenced;
     let named = &batch.named;
-    let served = |a: &AnyAddress| named.get(&address_key(a)) == Some(&a.name());
+    let served = |a: &AnyAddress| named.get(&address_key(a)) == Some(&a.meta.name);
     // Objects this process deleted are not live, though a lagging cache still lists them (a
     // mass deletion would otherwise list the namespace once per reconcile).
     let unlisted: Vec<&AnyAddress> = addresses
         .values()
-        .filter(|a| !ctx.recently_deleted_address(&a.uid()))
         .filter(|a| pool.held(a).is_some_and(|ip| !ledger.contains(ip)))
+        .filter(|a| !ctx.recently_deleted_address(&a.meta.uid))
         .collect();
     let lost = !unlisted.is_empty() && (!whole || unlisted.iter().any(|a| served(a)));
     if !fence_over && !lost && (whole || fenced) {
@@ -211,7 +212,10 @@ pub(super) async fn vanished_reservations(
     ledger: &Ledger,
     claims: &Selected,
 ) -> Result<Vec<String>, Error> {
-    let known: HashSet<&String> = claims.all.values().collect();
+    if ledger.pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    let known: HashSet<String> = claims.all.values().map(Uid::to_string).collect();
     let now = objects::now().0.to_string();
     let mut vanished = Vec::new();
     for reservation in ledger.pending.values() {

@@ -72,8 +72,9 @@ where
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct ClaimKey {
     kind: ClaimKind,
-    namespace: String,
-    name: String,
+    // Shared with the cached objects: every reconcile keys each of the pool's claims.
+    namespace: Arc<str>,
+    name: Arc<str>,
 }
 
 /// The pool's address objects, one per claim.
@@ -81,26 +82,24 @@ type AddressIndex = HashMap<ClaimKey, AnyAddress>;
 
 /// The claim an address object names.
 fn address_key(address: &AnyAddress) -> ClaimKey {
-    let (kind, name) = address.claim();
-    let namespace = address.namespace().to_string();
     ClaimKey {
-        kind,
-        namespace,
-        name,
+        kind: address.claim_kind(),
+        namespace: address.meta.namespace.clone(),
+        name: address.claim.clone(),
     }
 }
 
 fn claim_key(claim: &AnyClaim) -> ClaimKey {
     ClaimKey {
         kind: claim.kind(),
-        namespace: claim.namespace(),
-        name: claim.name(),
+        namespace: claim.meta.namespace.clone(),
+        name: claim.meta.name.clone(),
     }
 }
 
 /// Whether `claim`'s status names `object`: then bitpool made it for the claim.
 fn vouches(claim: &AnyClaim, object: &AnyAddress) -> bool {
-    claim.status_address_name().as_deref() == Some(object.name().as_str())
+    claim.status_address() == Some(&object.meta.name)
 }
 
 /// What one reconcile of a pool does, built up phase by phase.
@@ -127,7 +126,7 @@ struct Batch {
     /// Existing address objects lacking owners, finalizer or labels, with the patch that adds them.
     to_adopt: Vec<(AnyAddress, serde_json::Value)>,
     /// Which address object each claim's status names.
-    named: HashMap<ClaimKey, String>,
+    named: HashMap<ClaimKey, Arc<str>>,
     /// Objects of live claims that their status does not name, judged by transaction 1 (or 2,
     /// for one met by a create) before the claim is served with them ([`super::intent::Found`]).
     found_first: Vec<(AnyClaim, AnyAddress)>,
@@ -136,7 +135,7 @@ struct Batch {
     foreign: Vec<AnyAddress>,
     statuses: Vec<(AnyClaim, Outcome)>,
     /// Who holds what after this reconcile (claim kind and name → address), for the status.
-    holders: BTreeMap<(ClaimKind, String), IpAddr>,
+    holders: BTreeMap<(ClaimKind, Arc<str>), IpAddr>,
     /// The soonest this pool must be reconciled again.
     next: Option<Duration>,
 }

@@ -105,7 +105,8 @@ impl Batch {
         if let Some(patch) = adoption {
             self.to_adopt.push((object.clone(), patch));
         }
-        self.holders.insert((claim.kind(), claim.name()), ip);
+        self.holders
+            .insert((claim.kind(), claim.meta.name.clone()), ip);
         self.statuses.push((
             claim.clone(),
             Outcome::Allocated {
@@ -362,13 +363,13 @@ mod tests {
     impl Read {
         fn observed(self) -> Observed {
             let claims: Vec<&AnyClaim> = self.live.iter().chain(&self.releasing).collect();
-            let named: HashMap<ClaimKey, String> = claims
+            let named: HashMap<ClaimKey, std::sync::Arc<str>> = claims
                 .iter()
-                .filter_map(|c| Some((claim_key(c), c.status_address_name()?)))
+                .filter_map(|c| Some((claim_key(c), c.status_address()?.clone())))
                 .collect();
             let all = claims
                 .iter()
-                .map(|c| (claim_key(c), c.uid().unwrap_or_default()))
+                .map(|c| (claim_key(c), c.meta.uid.clone()))
                 .collect();
             let (addresses, extras) = index_by_claim(self.cached, &named);
             Observed {

@@ -15,6 +15,7 @@ use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
 use crate::ipam::intent::Refusal;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
+use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -42,7 +43,7 @@ pub(super) struct Observed {
     /// Claims' second objects.
     pub(super) extras: Vec<AnyAddress>,
     /// Which address object each claim's status names.
-    pub(super) named: HashMap<ClaimKey, String>,
+    pub(super) named: HashMap<ClaimKey, Arc<str>>,
     /// Objects of live claims the cache shows none usable for, read from the server by the
     /// names their status or this process's memory give.
     pub(super) known: AddressIndex,
@@ -60,11 +61,11 @@ pub(super) async fn observe<P: PoolDialect>(
     deleting: bool,
 ) -> Result<Observed, Error> {
     let claims = select_claims(pool, ctx, deleting).await?;
-    let named: HashMap<ClaimKey, String> = claims
+    let named: HashMap<ClaimKey, Arc<str>> = claims
         .live
         .iter()
         .chain(&claims.releasing)
-        .filter_map(|c| Some((claim_key(c), c.status_address_name()?)))
+        .filter_map(|c| Some((claim_key(c), c.status_address()?.clone())))
         .collect();
     let (addresses, extras) = index_by_claim(pool.addresses(ctx, None), &named);
     // A lagging watch may not show an object a claim already has: its status names it, or
@@ -110,7 +111,7 @@ pub(super) struct Selected {
     /// Earliest end of an address-reuse grace period still running.
     pub(super) grace_wait: Option<Duration>,
     /// Every claim naming the pool, with its UID.
-    pub(super) all: HashMap<ClaimKey, String>,
+    pub(super) all: HashMap<ClaimKey, Uid>,
     /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
     /// again at once.
     pub(super) again: bool,
@@ -127,11 +128,12 @@ pub(super) struct Age {
     unordered: bool,
     recorded: u64,
     kind: ClaimKind,
-    namespace: String,
-    name: String,
+    namespace: Arc<str>,
+    name: Arc<str>,
 }
 
-/// Claims are served oldest first.
+/// Claims are served oldest first. Sort with `sort_by_cached_key`: a pool's every claim is
+/// sorted on each reconcile, and the key parses a number.
 pub(super) fn age(claim: &AnyClaim) -> Age {
     let recorded = claim.meta.resource_version.parse::<u64>().ok();
     Age {
@@ -139,8 +141,8 @@ pub(super) fn age(claim: &AnyClaim) -> Age {
         unordered: recorded.is_none(),
         recorded: recorded.unwrap_or_default(),
         kind: claim.kind(),
-        namespace: claim.namespace(),
-        name: claim.name(),
+        namespace: claim.meta.namespace.clone(),
+        name: claim.meta.name.clone(),
     }
 }
 
@@ -154,14 +156,14 @@ pub(super) async fn select_claims<P: PoolDialect>(
     let grace = pool.reuse_grace().filter(|_| !deleting_pool);
     let now = objects::now().0;
     let mut claims = pool.claims(ctx);
-    claims.sort_by_key(age);
+    claims.sort_by_cached_key(age);
     let mut selected = Selected {
         live: Vec::new(),
         releasing: Vec::new(),
         grace_wait: None,
         all: claims
             .iter()
-            .map(|c| (claim_key(c), c.uid().unwrap_or_default()))
+            .map(|c| (claim_key(c), c.meta.uid.clone()))
             .collect(),
         again: false,
     };
@@ -200,7 +202,7 @@ pub(super) async fn select_claims<P: PoolDialect>(
         }
     }
     // Oldest first: the finalizer patches above complete in any order.
-    selected.live.sort_by_key(age);
+    selected.live.sort_by_cached_key(age);
     Ok(selected)
 }
 
@@ -283,25 +285,32 @@ pub(super) fn index_addresses(addresses: Vec<AnyAddress>) -> AddressIndex {
 /// that lagged, a crash between a create and the status naming it): the claim keeps the one
 /// its status names (`named`: claim → object name), else the oldest; the others are extras.
 pub(super) fn index_by_claim(
-    mut addresses: Vec<AnyAddress>,
-    named: &HashMap<ClaimKey, String>,
+    addresses: Vec<AnyAddress>,
+    named: &HashMap<ClaimKey, Arc<str>>,
 ) -> (AddressIndex, Vec<AnyAddress>) {
     let rank = |a: &AnyAddress| {
-        let is_named = named.get(&address_key(a)) == Some(&a.name());
+        let is_named = named.get(&address_key(a)) == Some(&a.meta.name);
         let created = a.meta.created.as_ref().map(|t| t.0);
-        (!is_named, created, a.name())
+        (!is_named, created, a.meta.name.clone())
     };
-    addresses.sort_by_cached_key(rank);
-    let mut index = AddressIndex::new();
+    // One pass: ranks are compared only where a claim has two objects, which is rare.
+    let mut index = AddressIndex::with_capacity(addresses.len());
     let mut extras = Vec::new();
     for address in addresses {
         match index.entry(address_key(&address)) {
-            std::collections::hash_map::Entry::Occupied(_) => extras.push(address),
+            std::collections::hash_map::Entry::Occupied(mut kept) => {
+                if rank(&address) < rank(kept.get()) {
+                    extras.push(kept.insert(address));
+                } else {
+                    extras.push(address);
+                }
+            }
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(address);
             }
         }
     }
+    extras.sort_by_cached_key(rank);
     (index, extras)
 }
 
@@ -388,13 +397,10 @@ pub(super) async fn orphaned_objects(
             claims
                 .all
                 .get(*key)
-                .is_none_or(|uid| owner.as_ref().is_some_and(|o| o != uid))
+                .is_none_or(|uid| owner.is_some_and(|o| o != uid))
         })
         // Only then the lock: most objects of a pool have their claim.
-        .filter(|(_, address)| {
-            let uid = address.uid();
-            !ctx.recently_deleted_address(&uid)
-        })
+        .filter(|(_, address)| !ctx.recently_deleted_address(&address.meta.uid))
         .take(BATCH)
         .map(|(key, address)| (key.clone(), address.clone()))
         .collect();
@@ -406,7 +412,7 @@ pub(super) async fn orphaned_objects(
     let mut orphaned = Vec::new();
     for (address, current) in checked {
         let owner = address.claim_uid();
-        let alive = current?.is_some_and(|uid| owner.as_ref().is_none_or(|o| *o == uid));
+        let alive = current?.is_some_and(|uid| owner.is_none_or(|o| o.to_string() == uid));
         if !alive {
             orphaned.push(address);
         }
@@ -458,7 +464,7 @@ mod tests {
                 .rev()
                 .map(|(ns, name, second, version)| claim(ns, name, *second, version))
                 .collect();
-            claims.sort_by_key(age);
+            claims.sort_by_cached_key(age);
             let order: Vec<String> = claims.iter().map(AnyClaim::name).collect();
             let want: Vec<String> = expected.iter().map(|(_, n, _, _)| n.to_string()).collect();
             assert_eq!(order, want);
@@ -498,8 +504,8 @@ mod tests {
     fn a_claims_second_object_is_an_extra() {
         let key = |claim: &str| ClaimKey {
             kind: ClaimKind::Metal3,
-            namespace: "ns".to_string(),
-            name: claim.to_string(),
+            namespace: "ns".into(),
+            name: claim.into(),
         };
         let objects = || {
             vec![
@@ -517,13 +523,13 @@ mod tests {
             ),
             (
                 "the status names the newer",
-                HashMap::from([(key("c"), "p-10-0-0-2".to_string())]),
+                HashMap::from([(key("c"), "p-10-0-0-2".into())]),
                 "p-10-0-0-2",
                 "p-10-0-0-1",
             ),
             (
                 "the status names an object that is not there",
-                HashMap::from([(key("c"), "p-10-0-0-9".to_string())]),
+                HashMap::from([(key("c"), "p-10-0-0-9".into())]),
                 "p-10-0-0-1",
                 "p-10-0-0-2",
             ),
