@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bitpool::api::capi::{IPAddress, IPAddressClaim};
 use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool, InClusterPrefixPool};
+use bitpool::api::labels::PAUSED;
 use bitpool::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -1110,6 +1111,13 @@ async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
         .map(|n| format!("10.89.0.{n}"))
         .find(|a| *a != mine)
         .expect("a free address");
+    // The tenant's claim exists, paused, before its object: an object whose claim is missing
+    // is deleted as an orphan, and an unpaused claim would be served before its object is made.
+    let their_claims: Api<IPAddressClaim> = Api::namespaced(env.client.clone(), &tenant.name);
+    let mut grab = claim_object(&env, "grab", "GlobalInClusterIPPool", &global);
+    grab.metadata.namespace = Some(tenant.name.clone());
+    grab.metadata.annotations = Some([(PAUSED.to_string(), String::new())].into());
+    create(&their_claims, &grab).await;
     let theirs: Api<IPAddress> = Api::namespaced(env.client.clone(), &tenant.name);
     create(
         &theirs,
@@ -1121,10 +1129,14 @@ async fn a_tenants_hand_made_addresses_neither_fence_free_nor_move() {
         &by_hand(&tenant.name, "grab", "grab", &global, &mine),
     )
     .await;
-    let their_claims: Api<IPAddressClaim> = Api::namespaced(env.client.clone(), &tenant.name);
-    let mut grab = claim_object(&env, "grab", "GlobalInClusterIPPool", &global);
-    grab.metadata.namespace = Some(tenant.name.clone());
-    create(&their_claims, &grab).await;
+    their_claims
+        .patch(
+            "grab",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "annotations": { PAUSED: null } } })),
+        )
+        .await
+        .expect("unpause the tenant's claim");
 
     claim(&env, "next", "GlobalInClusterIPPool", &global).await;
     wait_claim(&env, "next", "served", |c| c.status == "True").await;
