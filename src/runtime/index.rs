@@ -14,6 +14,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
+use super::lean::Lean;
+
 /// An object type a cache of this module holds: namespaced, known by namespace and name.
 pub trait Cached: Debug + Send + Sync + 'static {
     fn namespace(&self) -> &Arc<str>;
@@ -165,7 +167,7 @@ impl<T: Cached> Index<T> {
         &self,
         event: watcher::Event<K>,
         relist: &mut Option<Objects<T>>,
-        convert: fn(&K) -> Option<T>,
+        convert: impl Fn(&K) -> Option<T>,
     ) {
         match event {
             watcher::Event::Apply(object) => {
@@ -259,8 +261,9 @@ where
             .apply(watcher::Event::InitDone, &mut relist, self.convert);
     }
 
-    /// Starts the watch that fills the cache (after every subscriber is registered).
-    pub fn start(&mut self, api: Api<K>, config: watcher::Config) {
+    /// Starts the watch that fills the cache (after every subscriber is registered); its
+    /// objects are decoded without their managed fields.
+    pub fn start(&mut self, api: Api<Lean<K>>, config: watcher::Config) {
         if self.driver.is_some() {
             return;
         }
@@ -271,7 +274,7 @@ where
             .default_backoff()
             .for_each(move |event| {
                 match event {
-                    Ok(event) => index.apply(event, &mut relist, convert),
+                    Ok(event) => index.apply(event, &mut relist, |Lean(object)| convert(object)),
                     Err(e) => tracing::warn!(kind = %kind, error = %e, "watch failed; retrying"),
                 }
                 future::ready(())

@@ -7,6 +7,8 @@
 //! - [`controller`]: how a controller runs (after the caches sync, while leading, with a retry
 //!   policy per error);
 //! - [`error`]: errors that name the call and the object, split into transient and permanent;
+//! - [`index`], [`cached`], [`intern`], [`lean`]: the caches of claims and address objects, as
+//!   bitpool's own compact types, fed by watches that skip what no reconcile reads;
 //! - [`objects`]: small operations on any object (finalizers, conditions, owners, pause,
 //!   get-optional, delete-ignoring-missing).
 
@@ -17,6 +19,7 @@ pub mod controller;
 pub mod error;
 pub mod index;
 pub mod intern;
+pub mod lean;
 pub mod objects;
 pub mod selection;
 pub mod trigger;
