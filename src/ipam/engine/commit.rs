@@ -212,15 +212,13 @@ pub(super) async fn vanished_reservations(
     ledger: &Ledger,
     claims: &Selected,
 ) -> Result<Vec<String>, Error> {
-    if ledger.pending.is_empty() {
-        return Ok(Vec::new());
-    }
-    let known: HashSet<String> = claims.all.values().map(Uid::to_string).collect();
+    // The few reservations' UIDs are parsed, rather than every claim's written out.
+    let known: HashSet<&Uid> = claims.all.values().collect();
     let now = objects::now().0.to_string();
     let mut vanished = Vec::new();
     for reservation in ledger.pending.values() {
         let old = intent::no_create_can_land(reservation, &now);
-        if known.contains(&reservation.claim_uid) || !old {
+        if !old || known.contains(&Uid::of(&reservation.claim_uid)) {
             continue;
         }
         let mut alive = false;
