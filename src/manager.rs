@@ -25,6 +25,7 @@ use crate::ipam::{self, claims, proxy, transaction};
 use crate::metal3data;
 use crate::runtime::cache::{Caches, Shared};
 use crate::runtime::cached::ClaimObject;
+use crate::runtime::context::Needs;
 use crate::runtime::controller::{Switch, run_controller};
 use crate::runtime::index::Index;
 use crate::runtime::selection::selection;
@@ -107,20 +108,28 @@ impl Controllers {
     /// Runs them all until they stop (at shutdown): the IPAM engine's on its context, the
     /// Metal3Data reconciler's on the shared one.
     async fn run(self, ctx: &Arc<Context>, ipam_ctx: &Arc<ipam::Context>) {
+        // The CAPI pool kinds serve new claims while the address objects are being listed.
+        let (early, all) = (Needs::AllButAddresses, Needs::Everything);
         let ipam = future::join5(
-            run_controller(self.in_cluster, engine::reconcile, ipam_ctx),
-            run_controller(self.global, engine::reconcile, ipam_ctx),
-            run_controller(self.prefix, engine::reconcile, ipam_ctx),
-            run_controller(self.global_prefix, engine::reconcile, ipam_ctx),
-            run_controller(self.metal3, proxy::reconcile, ipam_ctx),
+            run_controller(self.in_cluster, early, engine::reconcile, ipam_ctx),
+            run_controller(self.global, early, engine::reconcile, ipam_ctx),
+            run_controller(self.prefix, early, engine::reconcile, ipam_ctx),
+            run_controller(self.global_prefix, early, engine::reconcile, ipam_ctx),
+            run_controller(self.metal3, all, proxy::reconcile, ipam_ctx),
         );
         let rest = future::join5(
-            run_controller(self.orphan_claims, claims::reconcile, ipam_ctx),
-            run_controller(self.orphan_ipclaims, claims::reconcile_ipclaim, ipam_ctx),
-            run_controller(self.templates, metal3data::template::reconcile, ctx),
-            run_controller(self.datas, metal3data::data::reconcile, ctx),
+            run_controller(self.orphan_claims, all, claims::reconcile, ipam_ctx),
+            run_controller(
+                self.orphan_ipclaims,
+                all,
+                claims::reconcile_ipclaim,
+                ipam_ctx,
+            ),
+            run_controller(self.templates, all, metal3data::template::reconcile, ctx),
+            run_controller(self.datas, all, metal3data::data::reconcile, ctx),
             run_controller(
                 self.orphan_data_claims,
+                all,
                 metal3data::template::reconcile_claim,
                 ctx,
             ),

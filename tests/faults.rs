@@ -14,6 +14,7 @@ use bitpool::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool, InCluster
 use bitpool::api::labels::PAUSED;
 use bitpool::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::build::*;
@@ -1348,4 +1349,90 @@ async fn a_lost_ledger_of_a_metal3_or_prefix_pool_never_yields_a_duplicate() {
     assert_prefixes_consistent(&env, "pp", 101, AFTER_FENCE).await;
     assert_warnings_name_objects(&first);
     assert_warnings_name_objects(&second);
+}
+
+/// A restarted process serves a new claim from the pool's ledger while the address objects are
+/// still being listed (here held back by a relay, as 100,000 objects would hold a list for
+/// seconds), and leaves to the list what needs it: a claim whose object exists but whose status
+/// was lost (a process killed between the two writes) gets no second address, and a deleting
+/// claim keeps its address. Once the list arrives, both are settled and nothing is held twice.
+#[tokio::test]
+async fn new_claims_are_served_before_the_address_objects_are_listed() {
+    let env = Env::new("unlisted").await;
+    capi_pool(&env, "pool", capi_spec(&["10.66.0.0/24"], 24)).await;
+    let mut first = Bitpool::start(env.name(), &[]);
+    burst(&env, "old", "InClusterIPPool", "pool", 20).await;
+    assert_consistent(&env, "InClusterIPPool", "pool", 20, WAIT).await;
+    first.kill();
+
+    // While no process runs.
+    let claims: Api<IPAddressClaim> = env.api();
+    let lost_address = address_of(&env, "old-0000").await;
+    claims
+        .patch_status(
+            "old-0000",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": null })),
+        )
+        .await
+        .expect("clear a claim's status");
+    claims
+        .delete("old-0001", &DeleteParams::default())
+        .await
+        .expect("delete a claim");
+    claim(&env, "new", "InClusterIPPool", "pool").await;
+
+    let relay = support::hold::Holding::start(env.client.clone(), "ipaddresses").await;
+    let bitpool = Bitpool::start_via(&relay.kubeconfig(env.name()), env.name(), &[]);
+    wait_claim(
+        &env,
+        "new",
+        "served while the address objects are held back",
+        |c| c.status == "True",
+    )
+    .await;
+    assert!(
+        relay.held() > 0,
+        "bitpool never asked for the address objects"
+    );
+    let objects: Vec<IPAddress> = listed(&env, |_: &IPAddress| true)
+        .await
+        .expect("list the address objects");
+    let new_address = address_of(&env, "new").await;
+    let holding_it: Vec<String> = objects
+        .iter()
+        .filter(|a| a.spec.address == new_address)
+        .map(|a| a.name_any())
+        .collect();
+    assert_eq!(holding_it, ["new"], "{new_address} is held once");
+    // What needs the objects waited for them.
+    let lost = claims.get("old-0000").await.expect("read the claim");
+    assert!(
+        ready(&lost).is_none(),
+        "judged without its object: {lost:?}"
+    );
+    assert_eq!(address_of(&env, "old-0000").await, lost_address);
+    assert_eq!(
+        objects
+            .iter()
+            .filter(|a| a.spec.claim_ref.name == "old-0000")
+            .count(),
+        1,
+        "a second object for the claim whose status was lost"
+    );
+    let deleting = claims.get_opt("old-0001").await.expect("read the claim");
+    assert!(deleting.is_some(), "released before its object was seen");
+
+    relay.release();
+    wait_claim(&env, "old-0000", "served with its object", |c| {
+        c.status == "True"
+    })
+    .await;
+    assert_eq!(address_of(&env, "old-0000").await, lost_address);
+    eventually("the deleting claim is released", WAIT, || async {
+        matches!(claims.get_opt("old-0001").await, Ok(None)).then_some(())
+    })
+    .await;
+    assert_consistent(&env, "InClusterIPPool", "pool", 20, WAIT).await;
+    assert_warnings_name_objects(&bitpool);
 }

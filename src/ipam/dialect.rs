@@ -72,6 +72,10 @@ pub trait PoolDialect:
     /// The address kinds this pool's addresses can be of. Only Metal3 IPPools hold Metal3
     /// IPAddresses, and a cluster that runs no Metal3 controller need not have their CRD.
     const ADDRESS_KINDS: AddressKinds = AddressKinds::Capi;
+    /// Whether each claim's address object is named after the claim: then a create for a claim
+    /// that has an object already meets it (409) whatever a cache shows, and the engine may
+    /// serve new claims before the address objects are listed.
+    const OBJECTS_NAMED_AFTER_CLAIMS: bool = true;
 
     fn key(&self) -> PoolKey {
         PoolKey {
@@ -92,6 +96,12 @@ pub trait PoolDialect:
     /// numbers something other than addresses, what gives the numbers their meaning.
     fn ledger_identity(&self) -> String {
         self.uid().unwrap_or_default()
+    }
+    /// Whether the watch caches hold every address object this kind's pools can have: their
+    /// initial lists have arrived.
+    fn addresses_listed(ctx: &Context) -> bool {
+        ctx.addresses.is_ready()
+            && (Self::ADDRESS_KINDS == AddressKinds::Capi || ctx.metal3_addresses.is_ready())
     }
     /// The pool's address space, or why its spec is invalid.
     fn space(&self) -> Result<AddressSpace, String>;

@@ -87,6 +87,8 @@ impl IPPool {
 impl PoolDialect for IPPool {
     const KIND: PoolKind = PoolKind::Metal3IPPool;
     const ADDRESS_KINDS: AddressKinds = AddressKinds::CapiAndMetal3;
+    // `<namePrefix>-<address>`, as upstream names them.
+    const OBJECTS_NAMED_AFTER_CLAIMS: bool = false;
     const FINALIZER: &'static str = POOL_FINALIZER;
 
     fn api_for(&self, client: Client) -> Api<Self> {

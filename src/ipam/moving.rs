@@ -188,6 +188,11 @@ pub fn arriving(meta: &kube::api::ObjectMeta) -> bool {
     annotation(meta, MOVED_IN_ANNOTATION).is_some()
 }
 
+/// Whether a move of the pool is under way: handed over, arriving or leaving.
+pub fn under_way(meta: &kube::api::ObjectMeta) -> bool {
+    arriving(meta) || leaving(meta) || annotation(meta, HANDOVER_ANNOTATION).is_some()
+}
+
 /// Whether clusterctl is deleting this object after moving it.
 pub fn leaving(meta: &kube::api::ObjectMeta) -> bool {
     annotation(meta, DELETE_FOR_MOVE_ANNOTATION).is_some()

@@ -104,13 +104,15 @@ async fn mark_before_reserving<P: PoolDialect>(
 /// just read from the server, so what there is to adopt was written by another provider before
 /// (the one bitpool replaces), and a list would add nothing. One list per new pool would cost
 /// a read of every address object in the namespace, per pool. The cache does not reach what a
-/// cluster-scoped pool holds outside the namespace this process is limited to: a list does.
+/// cluster-scoped pool holds outside the namespace this process is limited to, nor anything
+/// before its initial list has arrived (a pool served while it is listed): a list does.
 async fn rebuild<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
     lost: Option<String>,
 ) -> Result<Ledger, Error> {
-    let beyond_cache = pool.key().namespace.is_none() && ctx.settings.namespace.is_some();
+    let beyond_cache = (pool.key().namespace.is_none() && ctx.settings.namespace.is_some())
+        || !P::addresses_listed(ctx);
     let existing = match lost {
         None if !beyond_cache => pool.addresses(ctx, None),
         _ => fresh_pool_addresses(pool, ctx).await?,

@@ -88,6 +88,16 @@ pub struct Settings {
     pub sync_period: Duration,
 }
 
+/// Which watch caches a controller's reconciles wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    Everything,
+    /// Every cache but the address objects': the pool engine serves new claims of some pool
+    /// kinds from their ledgers while the address objects are still being listed (see
+    /// `ipam::engine`), which at 100,000 objects takes seconds.
+    AllButAddresses,
+}
+
 /// What every reconcile reads: the client, the settings and the shared caches.
 pub struct Context {
     pub client: Client,
@@ -138,6 +148,11 @@ impl Context {
     /// Waits until every watch cache holds its initial list: a reconcile that ran before would
     /// take a claim whose address object is not cached yet for one without an address.
     pub async fn wait_for_caches(&self) {
+        self.wait_for(Needs::Everything).await
+    }
+
+    /// Waits until the watch caches `needs` names hold their initial lists.
+    pub async fn wait_for(&self, needs: Needs) {
         async fn ready<K: kube::Resource<DynamicType = ()> + Clone + 'static>(store: &Store<K>) {
             let started = std::time::Instant::now();
             let mut warn_after = Duration::from_secs(10);
@@ -158,7 +173,9 @@ impl Context {
             }
         }
         self.claims.wait_until_ready().await;
-        self.addresses.wait_until_ready().await;
+        if needs == Needs::Everything {
+            self.addresses.wait_until_ready().await;
+        }
         ready(&self.pools).await;
         ready(&self.global_pools).await;
         ready(&self.prefix_pools).await;
@@ -167,7 +184,9 @@ impl Context {
         if groups.metal3_kinds() {
             ready(&self.ippools).await;
             self.ipclaims.wait_until_ready().await;
-            self.metal3_addresses.wait_until_ready().await;
+            if needs == Needs::Everything {
+                self.metal3_addresses.wait_until_ready().await;
+            }
         }
         if groups.metal3_data {
             ready(&self.data_templates).await;

@@ -13,7 +13,7 @@ use kube::runtime::{Controller, watcher};
 use serde::de::DeserializeOwned;
 
 use super::cache::describe;
-use super::context::Context;
+use super::context::{Context, Needs};
 use super::error::Error;
 
 fn error_policy<K, C>(object: Arc<K>, error: &Error, ctx: Arc<C>) -> Action
@@ -40,10 +40,15 @@ where
     }
 }
 
-/// Runs `reconcile` once the caches hold their initial lists, while this process leads and
-/// unless shutdown has begun; resets the object's retry backoff when it succeeds. Losing the
-/// lease drops the reconcile at once, as a crash would: every write is resumable.
-async fn guarded<K, C, F, Fut>(object: Arc<K>, own: Arc<C>, reconcile: F) -> Result<Action, Error>
+/// Runs `reconcile` once the caches it `needs` hold their initial lists, while this process
+/// leads and unless shutdown has begun; resets the object's retry backoff when it succeeds.
+/// Losing the lease drops the reconcile at once, as a crash would: every write is resumable.
+async fn guarded<K, C, F, Fut>(
+    object: Arc<K>,
+    own: Arc<C>,
+    needs: Needs,
+    reconcile: F,
+) -> Result<Action, Error>
 where
     K: Resource<DynamicType = ()>,
     C: AsRef<Context>,
@@ -51,7 +56,7 @@ where
     Fut: Future<Output = Result<Action, Error>>,
 {
     let ctx = (*own).as_ref();
-    ctx.wait_for_caches().await;
+    ctx.wait_for(needs).await;
     if ctx.shutting_down() || !ctx.ops.leadership.is_leading() {
         // A new leader reconciles everything when it takes over.
         return Ok(Action::await_change());
@@ -94,9 +99,11 @@ impl Switch<'_> {
     }
 }
 
-/// Runs `controller` (if it is on) with `reconcile`, guarded, until it stops.
+/// Runs `controller` (if it is on) with `reconcile`, guarded, once the caches it `needs` are
+/// complete, until it stops.
 pub async fn run_controller<K, C, R, Fut>(
     controller: Option<Controller<K>>,
+    needs: Needs,
     reconcile: R,
     ctx: &Arc<C>,
 ) where
@@ -107,7 +114,7 @@ pub async fn run_controller<K, C, R, Fut>(
 {
     if let Some(controller) = controller {
         let run = controller.run(
-            move |object, ctx| guarded(object, ctx, reconcile.clone()),
+            move |object, ctx| guarded(object, ctx, needs, reconcile.clone()),
             error_policy,
             ctx.clone(),
         );

@@ -2,7 +2,8 @@
 //! per test (`env`), CRDs (`crds`), `bitpool run` processes (`process`), waiting (`wait`),
 //! builders of pools and claims (`build`), assertions (`check`), objects of any kind as JSON
 //! (`dynamic`); and the rarer parts: a control
-//! plane of a test's own (`plane`), a relay that cuts the API server off (`cut`), webhooks served
+//! plane of a test's own (`plane`), a relay that cuts the API server off (`cut`), one that holds
+//! back the lists of one resource (`hold`), webhooks served
 //! to the control plane (`webhook`), and the probe and metrics endpoints (`ops`).
 #![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
@@ -13,6 +14,7 @@ pub mod crds;
 pub mod cut;
 pub mod dynamic;
 pub mod env;
+pub mod hold;
 pub mod ops;
 pub mod plane;
 pub mod process;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::commit::Reserved;
-use super::{Batch, Outcomes, Round, address_key, claim_key, in_parallel, vouches};
+use super::{Batch, Outcomes, Round, Sight, address_key, claim_key, in_parallel, vouches};
 use crate::alloc::Lease;
 use crate::ipam::Context;
 use crate::ipam::dialect::PoolDialect;
@@ -24,6 +24,12 @@ pub(super) async fn apply<P: PoolDialect>(
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let (outcomes, committed) = (&reserved.outcomes, reserved.committed);
     create_addresses(pool, ctx, batch, outcomes, committed, spec_error).await;
+    if round.observed.sight == Sight::Unlisted {
+        // Whether another claim's object holds the address of an object a create met needs the
+        // objects: the claim waits for them (its new reservation is released all the same).
+        batch.second.found.clear();
+        batch.found_second.clear();
+    }
     // Whether another claim's live object holds what a create met, for transaction 2.
     for (found, (claim, _)) in batch.second.found.iter_mut().zip(&batch.found_second) {
         found.shared = round.observed.addresses.values().any(|other| {

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 
 use super::read::Selected;
-use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, address_key, keep_first};
+use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, Sight, address_key, keep_first};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
 use crate::ipam::intent;
@@ -88,7 +88,9 @@ pub(super) async fn settle<P: PoolDialect>(
     } = reserved;
     let current = transaction::load(&ledger_ref, pool, ctx, false).await;
     let known = keep_first(&mut ledger_error, current).flatten();
-    if let Some(stored) = &known {
+    // Before the list, every address would look unexplained.
+    let sweep = observed.sight == Sight::Listed;
+    if let Some(stored) = known.as_ref().filter(|_| sweep) {
         let unexplained = unexplained(pool, ctx, &stored.ledger, &observed.addresses).await;
         batch.second.release_unbound =
             keep_first(&mut ledger_error, unexplained).unwrap_or_default();

@@ -56,6 +56,23 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Re-check of a pool whose claims wait for a free address.
 const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
 
+/// Re-check of a pool looked at before its address objects were listed: the first reconcile
+/// after the list does what that one left.
+const UNLISTED_RECHECK: Duration = Duration::from_secs(1);
+
+/// What a reconcile sees of the pool's address objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sight {
+    /// The watch caches hold them, however late: every claim is served, released and checked.
+    Listed,
+    /// They are still being listed (the process has just started; 100,000 take seconds). The
+    /// ledger is the authority on what is taken, so new claims, whose status names no object,
+    /// are served from a whole, unfenced ledger as though no object were cached, which a
+    /// lagging cache already is ([`read::may_serve_unlisted`]). Releases, sweeps, orphans,
+    /// claims whose object turns up, and the pool's status wait for the list.
+    Unlisted,
+}
+
 /// Runs `f` over `items`, at most [`PARALLEL_CALLS`] at a time.
 async fn in_parallel<T, R, F, Fut>(items: Vec<T>, f: F) -> Vec<R>
 where
@@ -149,6 +166,11 @@ impl Batch {
 /// One reconcile of a pool, phase by phase (see the module's documentation).
 pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Result<Action, Error> {
     let pool = &*pool;
+    let sight = match P::addresses_listed(&ctx) {
+        true => Sight::Listed,
+        false if read::may_serve_unlisted(pool) => Sight::Unlisted,
+        false => return Ok(Action::requeue(UNLISTED_RECHECK)),
+    };
     if let Some(action) = gate(pool, &ctx).await? {
         return Ok(action);
     }
@@ -157,7 +179,9 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         Ok(base) => (Some(base), None),
         Err(problem) => (None, Some(problem)),
     };
-    let observed = read::observe(pool, &ctx, deleting).await?;
+    let Some(observed) = read::observe(pool, &ctx, deleting, sight).await? else {
+        return Ok(Action::requeue(UNLISTED_RECHECK));
+    };
     let mut batch = plan::plan(pool, &observed, base.as_ref());
     let round = Round {
         pool,

@@ -267,6 +267,7 @@ mod tests {
         IPPoolReference, LocalObjectName,
     };
     use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
+    use crate::ipam::engine::Sight;
     use crate::ipam::engine::read::index_by_claim;
 
     fn pool() -> InClusterIPPool {
@@ -386,6 +387,7 @@ mod tests {
                 known: index_by_claim(self.known, &HashMap::new()).0,
                 fresh: self.fresh.map(|f| index_by_claim(f, &HashMap::new()).0),
                 orphaned: Vec::new(),
+                sight: Sight::Listed,
             }
         }
     }

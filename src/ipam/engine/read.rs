@@ -10,11 +10,12 @@ use std::time::Duration;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
-use super::{AddressIndex, BATCH, ClaimKey, address_key, claim_key, in_parallel, usable};
+use super::{AddressIndex, BATCH, ClaimKey, Sight, address_key, claim_key, in_parallel, usable};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
 use crate::ipam::intent::Refusal;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
+use crate::ipam::{moving, transaction};
 use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
@@ -51,11 +52,63 @@ pub(super) struct Observed {
     pub(super) fresh: Option<AddressIndex>,
     /// Objects whose claim is gone, checked on the server.
     pub(super) orphaned: Vec<AnyAddress>,
+    pub(super) sight: Sight,
 }
 
 /// Reads the pool's claims and address objects: from the caches, and from the server where a
-/// lagging cache could make the plan allocate twice or finish a claim too early.
+/// lagging cache could make the plan allocate twice or finish a claim too early. `None` when
+/// there is nothing to do before the address objects are listed.
 pub(super) async fn observe<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    deleting: bool,
+    sight: Sight,
+) -> Result<Option<Observed>, Error> {
+    match sight {
+        Sight::Listed => observe_listed(pool, ctx, deleting).await.map(Some),
+        Sight::Unlisted => observe_unlisted(pool, ctx).await,
+    }
+}
+
+/// Whether the pool may serve claims before its address objects are listed: its objects are
+/// named after their claims, and it is neither being deleted nor moving (which read them).
+pub(super) fn may_serve_unlisted<P: PoolDialect>(pool: &P) -> bool {
+    P::OBJECTS_NAMED_AFTER_CLAIMS
+        && pool.meta().deletion_timestamp.is_none()
+        && !moving::under_way(pool.meta())
+}
+
+/// Before the address objects are listed: the live claims whose status names no object, if
+/// there are any and the pool's ledger is whole and unfenced (a record that may lack something
+/// is repaired from the objects, which are not there yet).
+async fn observe_unlisted<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+) -> Result<Option<Observed>, Error> {
+    let mut claims = select_claims(pool, ctx, false).await?;
+    claims.releasing.clear();
+    claims.live.retain(|c| c.status_address().is_none());
+    if claims.live.is_empty() {
+        return Ok(None);
+    }
+    let stored = transaction::load(&transaction::ledger_of(pool, ctx), pool, ctx, false).await?;
+    if !stored.is_some_and(|s| s.ledger.whole() && s.ledger.rebuilt_at.is_none()) {
+        return Ok(None);
+    }
+    Ok(Some(Observed {
+        claims,
+        addresses: AddressIndex::new(),
+        extras: Vec::new(),
+        named: HashMap::new(),
+        known: AddressIndex::new(),
+        fresh: None,
+        orphaned: Vec::new(),
+        sight: Sight::Unlisted,
+    }))
+}
+
+/// Everything, with the address objects from the caches.
+async fn observe_listed<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
     deleting: bool,
@@ -100,6 +153,7 @@ pub(super) async fn observe<P: PoolDialect>(
         known,
         fresh,
         orphaned,
+        sight: Sight::Listed,
     })
 }
 

@@ -12,7 +12,7 @@ use kube::runtime::reflector::Store;
 
 use super::commit::Transacted;
 use super::read::Selected;
-use super::{Batch, EXHAUSTED_RECHECK, ORPHAN_GRACE, Round, in_parallel};
+use super::{Batch, EXHAUSTED_RECHECK, ORPHAN_GRACE, Round, Sight, UNLISTED_RECHECK, in_parallel};
 use crate::alloc;
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Report, fresh_pool_addresses};
@@ -43,6 +43,12 @@ pub(super) async fn report<P: PoolDialect>(
     write_statuses(ctx, &key, pool.object_ref(&()), statuses).await;
     if let Some(e) = done.ledger_error {
         return Err(e);
+    }
+    if round.observed.sight == Sight::Unlisted {
+        // The pool's status (its counts, duplicates and overlaps) waits for the objects.
+        tracing::debug!(pool = %key.describe(), "claims served before the address objects were listed");
+        batch.again_within(UNLISTED_RECHECK);
+        return Ok(Action::requeue(batch.next.unwrap_or(UNLISTED_RECHECK)));
     }
     if pool.meta().deletion_timestamp.is_some() {
         return finish_pool_deletion(pool, ctx).await;

@@ -1,0 +1,159 @@
+//! An HTTP relay to the API server that holds back the lists and watches of one resource until
+//! the test releases them, as a server slow to list 100,000 objects would; every other request
+//! passes at once. It speaks plain HTTP on 127.0.0.1 and reaches the server as the test's own
+//! client does, as `kubectl proxy` would.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use kube::Client;
+use kube::client::Body;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Headers of one hop, which the relay's own connections replace.
+const HOP_HEADERS: [&str; 6] = [
+    "host",
+    "connection",
+    "keep-alive",
+    "content-length",
+    "transfer-encoding",
+    "upgrade",
+];
+
+pub struct Holding {
+    pub addr: SocketAddr,
+    released: watch::Sender<bool>,
+    held: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What every relayed request shares.
+#[derive(Clone)]
+struct Relay {
+    client: Client,
+    /// The path ending of the collection held back: `/<plural>`.
+    suffix: String,
+    released: watch::Receiver<bool>,
+    held: Arc<AtomicUsize>,
+}
+
+impl Holding {
+    /// Relays to `client`'s API server, holding back every GET of a collection named
+    /// `resource` (its plural, in any group, version and namespace) until [`Self::release`].
+    pub async fn start(client: Client, resource: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the relay");
+        let addr = listener.local_addr().expect("the relay's address");
+        let (released, receiver) = watch::channel(false);
+        let held = Arc::new(AtomicUsize::new(0));
+        let relay = Relay {
+            client,
+            suffix: format!("/{resource}"),
+            released: receiver,
+            held: held.clone(),
+        };
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let relay = relay.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |request| relay.clone().forward(request));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            addr,
+            released,
+            held,
+            task,
+        }
+    }
+
+    /// How many requests were held back so far.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Lets every held request through, and every later one at once.
+    pub fn release(&self) {
+        self.released.send_replace(true);
+    }
+
+    /// A kubeconfig, written as `name`, whose server is this relay.
+    pub fn kubeconfig(&self, name: &str) -> PathBuf {
+        let config = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "held", "cluster": {"server": format!("http://{}", self.addr)}}],
+            "users": [{"name": "held", "user": {}}],
+            "contexts": [{"name": "held", "context": {"cluster": "held", "user": "held"}}],
+            "current-context": "held",
+        });
+        let path = super::root()
+            .join("target/test-kubeconfigs")
+            .join(format!("{name}-held.yaml"));
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("create the folder");
+        std::fs::write(&path, config.to_string()).expect("write the kubeconfig");
+        path
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Relay {
+    async fn forward(mut self, request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+        let path = request.uri().path();
+        if request.method() == Method::GET && path.ends_with(&self.suffix) {
+            self.held.fetch_add(1, Ordering::SeqCst);
+            let _ = self.released.wait_for(|released| *released).await;
+        }
+        let (parts, body) = request.into_parts();
+        let body = match body.collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(e) => return Ok(failed(format!("reading the request: {e}"))),
+        };
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut forwarded = Request::builder().method(parts.method).uri(target);
+        for (name, value) in &parts.headers {
+            if !HOP_HEADERS.contains(&name.as_str()) {
+                forwarded = forwarded.header(name, value);
+            }
+        }
+        let forwarded = match forwarded.body(Body::from(body.to_vec())) {
+            Ok(request) => request,
+            Err(e) => return Ok(failed(format!("building the request: {e}"))),
+        };
+        match self.client.send(forwarded).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                for name in HOP_HEADERS {
+                    parts.headers.remove(name);
+                }
+                Ok(Response::from_parts(parts, body))
+            }
+            Err(e) => Ok(failed(format!("relaying to the API server: {e}"))),
+        }
+    }
+}
+
+fn failed(message: String) -> Response<Body> {
+    let mut response = Response::new(Body::from(message.into_bytes()));
+    *response.status_mut() = StatusCode::BAD_GATEWAY;
+    response
+}
