@@ -4,6 +4,7 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, future};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -15,7 +16,7 @@ use serde::de::DeserializeOwned;
 
 use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Settings};
-use super::index::Watched;
+use super::index::{Cached, Index, Watched};
 use super::trigger;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{
@@ -90,6 +91,21 @@ where
                 future::ready(())
             });
         self.driver = Some(tokio::spawn(stream));
+    }
+}
+
+/// How long the address objects' list waits for the claims' at most (a claim list that keeps
+/// failing must not keep the address objects out).
+const ADDRESS_LIST_DELAY: Duration = Duration::from_secs(10);
+
+/// Completes once `index` holds its first list, or after `limit`.
+fn listed_or_after<T: Cached>(
+    index: &Index<T>,
+    limit: Duration,
+) -> impl Future<Output = ()> + Send + 'static {
+    let index = index.clone();
+    async move {
+        let _ = tokio::time::timeout(limit, index.wait_until_ready()).await;
     }
 }
 
@@ -199,12 +215,16 @@ impl Caches {
     }
 
     /// Starts the watches (after every controller subscribed). Kinds of a group that is off may
-    /// have no CRD: their caches stay empty and unwatched.
+    /// have no CRD: their caches stay empty and unwatched. The address objects are listed after
+    /// the claims: the pool engine serves new claims before the address objects are in, and a
+    /// server busy listing both would deliver the claims later.
     pub(crate) fn start(&mut self, client: &Client, settings: &Settings) {
         let ns = settings.namespace.as_deref();
         let (filtered, unfiltered) = (watch_config(settings, true), watch_config(settings, false));
         self.claims.start(api(client, ns), filtered.clone());
-        self.addresses.start(api(client, ns), unfiltered.clone());
+        let claims_listed = listed_or_after(&self.claims.index, ADDRESS_LIST_DELAY);
+        self.addresses
+            .start_after(api(client, ns), unfiltered.clone(), claims_listed);
         if let Some(clusters) = self.clusters.as_mut() {
             clusters.start(api(client, ns), unfiltered.clone());
         }
@@ -217,7 +237,9 @@ impl Caches {
         let groups = settings.groups;
         if groups.metal3_kinds() {
             self.ipclaims.start(api(client, ns), filtered.clone());
-            self.metal3_addresses.start(api(client, ns), unfiltered);
+            let claims_listed = listed_or_after(&self.claims.index, ADDRESS_LIST_DELAY);
+            self.metal3_addresses
+                .start_after(api(client, ns), unfiltered, claims_listed);
             self.ippools.start(api(client, ns), filtered.clone());
         }
         if groups.metal3_data {

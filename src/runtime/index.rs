@@ -264,6 +264,16 @@ where
     /// Starts the watch that fills the cache (after every subscriber is registered); its
     /// objects are decoded without their managed fields.
     pub fn start(&mut self, api: Api<Lean<K>>, config: watcher::Config) {
+        self.start_after(api, config, future::ready(()));
+    }
+
+    /// Like [`Self::start`], but the watch begins once `after` completes.
+    pub fn start_after(
+        &mut self,
+        api: Api<Lean<K>>,
+        config: watcher::Config,
+        after: impl Future<Output = ()> + Send + 'static,
+    ) {
         if self.driver.is_some() {
             return;
         }
@@ -279,7 +289,10 @@ where
                 }
                 future::ready(())
             });
-        self.driver = Some(tokio::spawn(stream));
+        self.driver = Some(tokio::spawn(async move {
+            after.await;
+            stream.await
+        }));
     }
 }
 
