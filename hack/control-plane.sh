@@ -43,7 +43,17 @@ KUBECONFIG_PATH=$STATE_DIR/kubeconfig
 # version (Cluster API's claims and addresses serve three) plus the recent changes, and without a
 # limit its Go heap doubles before it collects, and it keeps what it freed. Near 100,000 claims
 # that outgrows this machine (BENCHMARKS.md); with the limit it collects harder instead.
-APISERVER_MEMORY_LIMIT=${BITPOOL_APISERVER_MEMORY_LIMIT:-$(awk '/^MemTotal:/ { printf "%dMiB", $2 * 3 / 4 / 1024 }' /proc/meminfo)}
+# Shell builtins alone: this runs before the prerequisites are checked.
+three_quarters_of_memory() {
+  local key value _
+  while read -r key value _; do
+    if [ "$key" = MemTotal: ]; then
+      echo "$((value * 3 / 4 / 1024))MiB"
+      return
+    fi
+  done </proc/meminfo
+}
+APISERVER_MEMORY_LIMIT=${BITPOOL_APISERVER_MEMORY_LIMIT:-$(three_quarters_of_memory)}
 PLANE_ID="$K8S_VERSION $ETCD_VERSION OwnerReferencesPermissionEnforcement aggregator-routing memory-limit=$APISERVER_MEMORY_LIMIT"
 # The oldest Go that builds the pinned releases.
 GO_MIN=1.26
