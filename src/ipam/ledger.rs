@@ -269,6 +269,12 @@ impl Ledger {
         self.uid.is_some() && self.written_to == self.uid
     }
 
+    /// Whether this record is whole and no rebuild fence is on it: then it alone says what is
+    /// taken.
+    pub fn whole_and_unfenced(&self) -> bool {
+        self.whole() && self.rebuilt_at.is_none()
+    }
+
     /// Starts the rebuild fence at `now`.
     pub fn fence(&mut self, now: &str, because: String) {
         self.rebuilt_at = Some(now.to_string());

@@ -144,7 +144,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
     let ledger = &stored.ledger;
     let fenced = ledger.rebuilt_at.is_some();
     let fence_over = fenced && ledger.fenced_until(&objects::now().0.to_string()).is_none();
-    let whole = ledger.whole() && !fenced;
+    let whole = ledger.whole_and_unfenced();
     let named = &batch.named;
     let served = |a: &AnyAddress| named.get(&address_key(a)) == Some(&a.meta.name);
     // Objects this process deleted are not live, though a lagging cache still lists them (a

@@ -92,7 +92,7 @@ async fn observe_unlisted<P: PoolDialect>(
         return Ok(None);
     }
     let stored = transaction::load(&transaction::ledger_of(pool, ctx), pool, ctx, false).await?;
-    if !stored.is_some_and(|s| s.ledger.whole() && s.ledger.rebuilt_at.is_none()) {
+    if !stored.is_some_and(|s| s.ledger.whole_and_unfenced()) {
         return Ok(None);
     }
     Ok(Some(Observed {

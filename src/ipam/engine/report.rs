@@ -47,8 +47,10 @@ pub(super) async fn report<P: PoolDialect>(
     if round.observed.sight == Sight::Unlisted {
         // The pool's status (its counts, duplicates and overlaps) waits for the objects.
         tracing::debug!(pool = %key.describe(), "claims served before the address objects were listed");
-        batch.again_within(UNLISTED_RECHECK);
-        return Ok(Action::requeue(batch.next.unwrap_or(UNLISTED_RECHECK)));
+        let next = batch
+            .next
+            .map_or(UNLISTED_RECHECK, |n| n.min(UNLISTED_RECHECK));
+        return Ok(Action::requeue(next));
     }
     if pool.meta().deletion_timestamp.is_some() {
         return finish_pool_deletion(pool, ctx).await;
