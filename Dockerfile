@@ -6,9 +6,13 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends musl-to
     && rustup target add x86_64-unknown-linux-musl
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+COPY build.rs ./
 COPY src ./src
 COPY benches ./benches
 ENV CC_x86_64_unknown_linux_musl=musl-gcc
+# The release and commit `bitpool --version` names (the build context has no .git).
+ARG BITPOOL_VERSION=""
+ARG BITPOOL_COMMIT=""
 RUN cargo build --release --locked --target x86_64-unknown-linux-musl --bin bitpool
 
 FROM scratch

@@ -34,7 +34,11 @@ rustup target list --installed 2>/dev/null | grep -q "^$TARGET\$" || rustup targ
 
 log "building the static binary (release, $TARGET)"
 export CARGO_TARGET_DIR=$CACHE_DIR/cargo-target
-CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$TARGET" --bin bitpool >&2
+# A release's tag is the version the binary reports (`bitpool --version`, the build_info metric).
+release_version=""
+[[ $tag =~ ^v[0-9]+\.[0-9]+\.[0-9]+ ]] && release_version=$tag
+BITPOOL_VERSION=$release_version BITPOOL_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true) \
+  CC_x86_64_unknown_linux_musl=musl-gcc cargo build --release --locked --target "$TARGET" --bin bitpool >&2
 binary=$CARGO_TARGET_DIR/$TARGET/release/bitpool
 file "$binary" 2>/dev/null | grep -q "static" || ldd "$binary" 2>&1 | grep -q "not a dynamic\|statically" ||
   die "$binary is not static"
@@ -43,7 +47,9 @@ file "$binary" 2>/dev/null | grep -q "static" || ldd "$binary" 2>&1 | grep -q "n
 # namespaces.
 bh() { buildah --storage-driver vfs "$@"; }
 name=localhost/bitpool:$tag
-version=$("$binary" --version | awk '{print $2}')
+# `bitpool v0.2.1 (commit 0123456789ab)`
+read -r _ version _ commit < <("$binary" --version)
+commit=${commit%)}
 containers=() secrets="" smoke_ns="" running=""
 # Stops a process and everything it started, children first: killing only the background shell
 # would leave buildah and the image's bitpool running.
@@ -69,6 +75,7 @@ bh config --entrypoint '["/bitpool"]' --cmd run --user 65532:65532 --workingdir 
   --env BITPOOL_LOG_FORMAT=json \
   --label org.opencontainers.image.title=bitpool \
   --label org.opencontainers.image.version="$version" \
+  --label org.opencontainers.image.revision="$commit" \
   --label org.opencontainers.image.licenses=Apache-2.0 \
   "$container"
 bh commit --quiet --format oci "$container" "$name" >/dev/null
@@ -86,7 +93,7 @@ log "built $name: binary $((size / 1024)) KiB, image $((compressed / 1024)) KiB 
 run_image() { bh run --isolation chroot --user 65532:65532 "$@"; }
 probe=$(bh from "$name")
 containers+=("$probe")
-run_image "$probe" -- /bitpool --version | grep -q "^bitpool $version\$" || die "the image does not run as uid 65532"
+run_image "$probe" -- /bitpool --version | grep -qx "bitpool $version (commit $commit)" || die "the image does not run as uid 65532"
 
 # In-cluster configuration: the API server's address in the environment, a ServiceAccount's
 # token and the cluster CA where every pod has them.

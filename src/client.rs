@@ -68,7 +68,7 @@ pub async fn connect(limits: Limits) -> Result<Client, Error> {
     // its server-side applies are, so `managedFields` tell bitpool's writes from any other's.
     config.headers.push((
         hyper::header::USER_AGENT,
-        hyper::header::HeaderValue::from_static(concat!("bitpool/", env!("CARGO_PKG_VERSION"))),
+        hyper::header::HeaderValue::from_static(concat!("bitpool/", env!("BITPOOL_BUILD_VERSION"))),
     ));
     let server = config.cluster_url.to_string();
     let limiter = Arc::new(RateLimiter::direct(

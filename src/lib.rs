@@ -31,3 +31,15 @@ pub mod rbac;
 pub mod render;
 pub mod runtime;
 pub mod webhook;
+
+/// The release this build is (`v0.2.1`, set by release builds; `v0.2.1-dev` otherwise: build.rs).
+pub const VERSION: &str = env!("BITPOOL_BUILD_VERSION");
+/// The commit this build was made from, 12 hex digits, or "unknown" (build.rs).
+pub const COMMIT: &str = env!("BITPOOL_BUILD_COMMIT");
+/// What `bitpool --version` prints after the name.
+pub const VERSION_AND_COMMIT: &str = concat!(
+    env!("BITPOOL_BUILD_VERSION"),
+    " (commit ",
+    env!("BITPOOL_BUILD_COMMIT"),
+    ")"
+);

@@ -18,7 +18,7 @@ use crate::ops::lease;
 use crate::runtime;
 
 #[derive(Debug, Parser)]
-#[command(name = "bitpool", version, about = "IP address management for bare-metal Kubernetes", long_about = None)]
+#[command(name = "bitpool", version = crate::VERSION_AND_COMMIT, about = "IP address management for bare-metal Kubernetes", long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -99,5 +99,39 @@ pub async fn execute(cli: Cli) -> Result<(), Error> {
         Command::Rbac(args) => rbac::rbac_command(args),
         Command::Crds(args) => crds::crds_command(args).await,
         Command::Migrate(args) => migrate::migrate_command(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--version` names the release and the commit: what an operator quotes in a bug report.
+    #[test]
+    fn version_names_the_release_and_the_commit() {
+        let shown = match Cli::try_parse_from(["bitpool", "--version"]) {
+            Err(error) if error.kind() == clap::error::ErrorKind::DisplayVersion => {
+                error.to_string()
+            }
+            other => panic!("--version did not print the version: {other:?}"),
+        };
+        let expected_release = option_env!("BITPOOL_VERSION")
+            .filter(|v| !v.trim().is_empty())
+            .map_or_else(
+                || format!("v{}-dev", env!("CARGO_PKG_VERSION")),
+                str::to_owned,
+            );
+        let (release, commit) = shown
+            .trim()
+            .strip_prefix("bitpool ")
+            .and_then(|rest| rest.strip_suffix(')'))
+            .and_then(|rest| rest.split_once(" (commit "))
+            .unwrap_or_else(|| panic!("not `bitpool VERSION (commit COMMIT)`: {shown:?}"));
+        assert_eq!(release, expected_release);
+        assert!(
+            commit == "unknown"
+                || (commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+            "{commit:?} is neither a commit nor \"unknown\""
+        );
     }
 }

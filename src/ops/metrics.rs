@@ -96,6 +96,14 @@ impl Metrics {
             encoding: Mutex::new(()),
             registry: Registry::default(),
         };
+        registry.register(
+            "build",
+            "The release and commit of this process's build (always 1)",
+            prometheus_client::metrics::info::Info::new([
+                ("version", crate::VERSION),
+                ("commit", crate::COMMIT),
+            ]),
+        );
         metrics.register_pool_gauges(&mut registry);
         metrics.register_engine_metrics(&mut registry);
         Self {
@@ -393,6 +401,11 @@ mod tests {
         metrics.reconcile_failed("Metal3Data", "conflict");
         metrics.set_leader(true);
         let text = metrics.encode();
+        let build = format!(
+            r#"bitpool_build_info{{version="{}",commit="{}"}} 1"#,
+            crate::VERSION,
+            crate::COMMIT
+        );
         for line in [
             r#"bitpool_allocations_total{kind="IPPool"} 3"#,
             r#"bitpool_releases_total{kind="IPPool"} 1"#,
@@ -400,6 +413,7 @@ mod tests {
             r#"bitpool_reconcile_duration_seconds_count{controller="InClusterIPPool"} 1"#,
             r#"bitpool_reconcile_errors_total{controller="Metal3Data",reason="conflict"} 1"#,
             "bitpool_leader 1",
+            build.as_str(),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
