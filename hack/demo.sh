@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bitpool's main job, end to end: brings up the local control plane unless $KUBECONFIG is set,
 # installs the CRDs, runs the provider, applies config/samples/demo.yaml (a pool and four claims)
-# and shows the addresses the claims got. Set BITPOOL_DEMO_KEEP=1 to leave bitpool running.
+# and shows the addresses the claims got. Set BITPOOL_DEMO_KEEP=1 to leave bitpool running,
+# BITPOOL_BIN to run a bitpool already built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,23 +18,30 @@ if ! command -v kubectl >/dev/null 2>&1; then
   sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
 fi
 
-echo "demo: building bitpool" >&2
-cargo build --quiet --bin bitpool
-bitpool=target/debug/bitpool
-
-"$bitpool" crds --apply >/dev/null
-if ! kubectl get crd ipaddressclaims.ipam.cluster.x-k8s.io >/dev/null 2>&1; then
-  echo "demo: no Cluster API core here; installing IPAddressClaim and IPAddress CRDs" >&2
-  "$bitpool" crds --apply --standalone >/dev/null
+bitpool=${BITPOOL_BIN:-}
+if [ -z "$bitpool" ]; then
+  echo "demo: building bitpool" >&2
+  cargo build --quiet --bin bitpool
+  bitpool=${CARGO_TARGET_DIR:-target}/debug/bitpool
 fi
 
+# Cluster API core brings the claim and address kinds; without it bitpool installs them too.
+standalone=()
+if ! kubectl get crd ipaddressclaims.ipam.cluster.x-k8s.io >/dev/null 2>&1; then
+  echo "demo: no Cluster API core here; bitpool installs the IPAddressClaim and IPAddress CRDs too" >&2
+  standalone=(--standalone)
+fi
+"$bitpool" crds --apply "${standalone[@]}"
+
 log=$(mktemp -t bitpool-demo.XXXXXX.log)
-"$bitpool" run --webhook-port=0 --health-addr=127.0.0.1:9440 --diagnostics-address=127.0.0.1:8080 --insecure-diagnostics >"$log" 2>&1 &
+"$bitpool" run --webhook-port=0 --health-addr="${BITPOOL_HEALTH_ADDR:-127.0.0.1:9440}" \
+  --diagnostics-address="${BITPOOL_DIAGNOSTICS_ADDRESS:-127.0.0.1:8080}" --insecure-diagnostics >"$log" 2>&1 &
 pid=$!
 cleanup() {
   if [ "${BITPOOL_DEMO_KEEP:-}" != 1 ]; then
     kill "$pid" 2>/dev/null || true
-    [ -n "$started_plane" ] && hack/control-plane.sh down
+    # An `if`, not `&&`: a false test as the trap's last command would be the script's status.
+    if [ -n "$started_plane" ]; then hack/control-plane.sh down; fi
   fi
 }
 trap cleanup EXIT
@@ -56,8 +64,17 @@ kubectl -n bitpool-demo get inclusterippools
 echo
 kubectl -n bitpool-demo get inclusterprefixpools
 echo
-kubectl -n bitpool-demo get ipaddressclaims \
-  -o custom-columns='CLAIM:.metadata.name,READY:.status.conditions[?(@.type=="Ready")].status,REASON:.status.conditions[?(@.type=="Ready")].reason,ADDRESS:.status.addressRef.name'
+# Each claim with the address it holds: its status names the address object, which holds the
+# address (named after the claim, so kubectl's columns alone would show the claim's name twice).
+claims='{range .items[*]}{.metadata.name}{"\t"}{.status.conditions[?(@.type=="Ready")].status}{"\t"}{.status.conditions[?(@.type=="Ready")].reason}{"\t"}{.status.addressRef.name}{"\n"}{end}'
+addresses='{range .items[*]}{.metadata.name}{"\t"}{.spec.address}/{.spec.prefix}{"\t"}{.spec.gateway}{"\n"}{end}'
+awk -F '\t' 'BEGIN { printf "%-16s %-6s %-18s %-20s %s\n", "CLAIM", "READY", "REASON", "ADDRESS", "GATEWAY" }
+  FNR == NR { address[$1] = $2; gateway[$1] = $3; next }
+  { held = ($4 in address)
+    printf "%-16s %-6s %-18s %-20s %s\n", $1, or_none($2), or_none($3), held ? address[$4] : "<none>", held ? or_none(gateway[$4]) : "<none>" }
+  function or_none(value) { return value == "" ? "<none>" : value }' \
+  <(kubectl -n bitpool-demo get ipaddresses.ipam.cluster.x-k8s.io -o jsonpath="$addresses") \
+  <(kubectl -n bitpool-demo get ipaddressclaims -o jsonpath="$claims")
 echo
 kubectl -n bitpool-demo get ipaddresses.ipam.cluster.x-k8s.io
 if [ "${BITPOOL_DEMO_KEEP:-}" = 1 ]; then
