@@ -228,6 +228,22 @@ async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
     env.allocated("b").await;
     create(&env.api(), &ipclaim_object(&env, "c", "small")).await;
     env.error_of("c", "Exhausted IP Pools").await;
+    // The pool says so too: upstream #1540's counts, bitpool's used count and Ready.
+    let status = eventually("the exhausted pool's counts", WAIT, || async {
+        let status = env.api::<IPPool>().get("small").await.ok()?.status?;
+        (status.used_ip_count == Some(2)).then_some(status)
+    })
+    .await;
+    assert_eq!(
+        (
+            status.capacity,
+            status.available_ip_count,
+            status.out_of_range_ip_count
+        ),
+        (Some(2), Some(0), Some(0))
+    );
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+    assert_eq!(ready.map(|c| c.status.as_str()), Some("True"), "{status:?}");
     let mut taken = ipclaim_object(&env, "wants-taken", "small");
     taken.metadata.annotations = Some(BTreeMap::from([(
         "ipAddress".into(),

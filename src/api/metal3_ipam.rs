@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -45,7 +45,12 @@ pub const PROVIDER_LABEL_VALUE: &str = "ipam-metal3";
     shortname = "metal3ippool",
     shortname = "metal3ippools",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".metadata.labels.cluster\\.x-k8s\\.io/cluster-name","description":"Cluster to which this template belongs"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3IPPool"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3IPPool"}"#,
+    // Where metal3 ip-address-manager's pull request #1540 adds them, then bitpool's own.
+    printcolumn = r#"{"name":"Capacity","type":"integer","jsonPath":".status.capacity","description":"Total allocatable IPs in the pool"}"#,
+    printcolumn = r#"{"name":"Available IPs","type":"integer","jsonPath":".status.availableIPCount","description":"Unallocated IPs in the pool"}"#,
+    printcolumn = r#"{"name":"Used IPs","type":"integer","jsonPath":".status.usedIPCount","description":"IPs held by claims, those outside the pool's ranges included"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct IPPoolSpec {
@@ -124,6 +129,38 @@ pub struct IPPoolStatus {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "super::schema::ip_address_map")]
     pub indexes: BTreeMap<String, String>,
+    /// How many addresses the pool can hand out; left out when that passes int64 (a /64 or
+    /// more). Named as metal3 ip-address-manager's pull request #1540 names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<i64>,
+    /// How many of the pool's addresses no claim holds; left out with `capacity` (named as
+    /// pull request #1540 names it).
+    #[serde(
+        rename = "availableIPCount",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub available_ip_count: Option<i64>,
+    /// bitpool extension: how many addresses claims hold, those outside the pool's ranges
+    /// (left by a shrink) included.
+    #[serde(
+        rename = "usedIPCount",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub used_ip_count: Option<i64>,
+    /// bitpool extension: held addresses the pool's ranges no longer contain.
+    #[serde(
+        rename = "outOfRangeIPCount",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub out_of_range_ip_count: Option<i64>,
+    /// bitpool extension: `Ready` (False with a reason when the pool hands out nothing), and
+    /// `AddressesOverlap` while its addresses meet another pool's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::conditions")]
+    pub conditions: Vec<Condition>,
 }
 
 /// IPClaim: a request for one address from the IPPool in `spec.pool`.

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ObjectMeta};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
@@ -89,11 +90,11 @@ fn saturate(value: u128) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-/// The status of a CAPI pool of either shape: counts, and a Ready condition saying what keeps
-/// the pool from serving; `show` writes a held address as people read it.
-/// The condition a CAPI pool carries while its addresses meet another pool's (True then).
+/// The condition a pool carries while its addresses meet another pool's (True then).
 pub const OVERLAP_CONDITION: &str = "AddressesOverlap";
 
+/// The status of a CAPI pool of either shape: counts, and a Ready condition saying what keeps
+/// the pool from serving; `show` writes a held address as people read it.
 pub(super) fn status_patch(
     status: Option<&InClusterIPPoolStatus>,
     generation: Option<i64>,
@@ -102,15 +103,52 @@ pub(super) fn status_patch(
 ) -> Option<serde_json::Value> {
     let current = status.cloned().unwrap_or_default();
     let mut next = current.clone();
+    if let Some(usage) = report.usage {
+        let counts = usage.counts;
+        next.ip_addresses = Some(IPAddressCounts {
+            total: saturate(counts.total),
+            free: saturate(counts.free),
+            used: saturate(counts.used),
+            out_of_range: saturate(counts.out_of_range),
+        });
+    }
+    let conditions_changed = set_conditions(&mut next.conditions, report, generation, &show);
+    (conditions_changed || current.ip_addresses != next.ip_addresses).then(
+        || json!({ "status": { "ipAddresses": next.ip_addresses, "conditions": next.conditions } }),
+    )
+}
+
+/// A pool's conditions, for every pool kind: `Ready`, and `AddressesOverlap` while its
+/// addresses meet another pool's. True when they changed.
+pub(super) fn set_conditions(
+    conditions: &mut Vec<Condition>,
+    report: &Report,
+    generation: Option<i64>,
+    show: &impl Fn(IpAddr) -> String,
+) -> bool {
+    let ready = ready_condition(report, generation, show);
+    let mut changed = objects::set_condition(conditions, ready);
+    changed |= match report.overlaps.is_empty() {
+        true => objects::remove_condition(conditions, OVERLAP_CONDITION),
+        false => {
+            let message = overlaps::message(report.overlaps);
+            let overlap =
+                objects::condition(OVERLAP_CONDITION, true, "PoolsOverlap", message, generation);
+            objects::set_condition(conditions, overlap)
+        }
+    };
+    changed
+}
+
+/// What keeps a pool from serving, or that it serves (and what it holds outside its ranges).
+fn ready_condition(
+    report: &Report,
+    generation: Option<i64>,
+    show: &impl Fn(IpAddr) -> String,
+) -> Condition {
     let ready = match report.usage {
         Some(usage) => {
             let counts = usage.counts;
-            next.ip_addresses = Some(IPAddressCounts {
-                total: saturate(counts.total),
-                free: saturate(counts.free),
-                used: saturate(counts.used),
-                out_of_range: saturate(counts.out_of_range),
-            });
             if counts.out_of_range > 0 {
                 let outside: Vec<String> = usage.outside.iter().map(|a| show(*a)).collect();
                 let message = format!(
@@ -132,25 +170,12 @@ pub(super) fn status_patch(
             objects::condition("Ready", false, "InvalidSpec", message, generation)
         }
     };
-    let holding = holding_back(report, generation, &show);
+    let holding = holding_back(report, generation, show);
     // The first that holds says what keeps the pool from serving.
-    let ready = match ready.status.as_str() {
+    match ready.status.as_str() {
         "True" => holding.unwrap_or(ready),
         _ => ready,
-    };
-    let mut conditions_changed = objects::set_condition(&mut next.conditions, ready);
-    conditions_changed |= match report.overlaps.is_empty() {
-        true => objects::remove_condition(&mut next.conditions, OVERLAP_CONDITION),
-        false => {
-            let message = overlaps::message(report.overlaps);
-            let overlap =
-                objects::condition(OVERLAP_CONDITION, true, "PoolsOverlap", message, generation);
-            objects::set_condition(&mut next.conditions, overlap)
-        }
-    };
-    (conditions_changed || current.ip_addresses != next.ip_addresses).then(
-        || json!({ "status": { "ipAddresses": next.ip_addresses, "conditions": next.conditions } }),
-    )
+    }
 }
 
 /// What keeps a valid pool from serving, first first: an address held twice, a full record, a
@@ -159,7 +184,7 @@ fn holding_back(
     report: &Report,
     generation: Option<i64>,
     show: &impl Fn(IpAddr) -> String,
-) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+) -> Option<Condition> {
     let shared = (!report.shared.is_empty()).then(|| {
         let message = duplicates::message(report.shared, show);
         objects::condition("Ready", false, "DuplicateAddress", message, generation)

@@ -14,18 +14,19 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::Context;
+use super::capi;
 use super::dialect::{
     AddressKinds, FreshAddresses, PoolDialect, Report, cached_addresses, cached_claims,
 };
 use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
 use super::spec;
-use crate::alloc::{self, AddressSpace, Lease};
+use crate::alloc::{self, AddressSpace, Counts, Lease};
 use crate::api::capi::Cluster;
 use crate::api::labels;
 use crate::api::metal3_ipam::{
     ADDRESS_FINALIZER, CAPI_ADDRESS_FINALIZER, CAPI_CLAIM_FINALIZER, CLAIM_FINALIZER, IPPool,
-    Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
+    IPPoolStatus, Metal3IPAddress, Metal3IPAddressSpec, POOL_FINALIZER, PROVIDER_LABEL_VALUE,
 };
 use crate::runtime::objects;
 
@@ -230,24 +231,48 @@ impl PoolDialect for IPPool {
             })
             .collect();
         let status = self.status.clone().unwrap_or_default();
-        if status.indexes == indexes && status.last_updated.is_some() {
+        let mut next = status.clone();
+        if let Some(usage) = report.usage {
+            set_counts(&mut next, &usage.counts);
+        }
+        let show = |address: IpAddr| address.to_string();
+        let conditions_changed =
+            capi::set_conditions(&mut next.conditions, report, self.meta().generation, &show);
+        let indexes_written = status.indexes == indexes && status.last_updated.is_some();
+        if indexes_written && !conditions_changed && next == status {
             return None;
         }
-        // First write of an unchanged (empty) index: lastUpdated starts at the pool's creation.
-        let last_updated = if status.indexes == indexes {
-            self.meta()
-                .creation_timestamp
-                .clone()
-                .unwrap_or_else(objects::now)
+        let mut patch = if indexes_written {
+            json!({ "status": {} })
         } else {
-            objects::now()
+            // First write of an unchanged (empty) index: lastUpdated starts at the pool's creation.
+            let last_updated = if status.indexes == indexes {
+                self.meta()
+                    .creation_timestamp
+                    .clone()
+                    .unwrap_or_else(objects::now)
+            } else {
+                objects::now()
+            };
+            objects::indexes_patch(&status.indexes, &indexes, last_updated)
         };
-        Some(objects::indexes_patch(
-            &status.indexes,
-            &indexes,
-            last_updated,
-        ))
+        patch["status"]["capacity"] = json!(next.capacity);
+        patch["status"]["availableIPCount"] = json!(next.available_ip_count);
+        patch["status"]["usedIPCount"] = json!(next.used_ip_count);
+        patch["status"]["outOfRangeIPCount"] = json!(next.out_of_range_ip_count);
+        patch["status"]["conditions"] = json!(next.conditions);
+        Some(patch)
     }
+}
+
+/// A Metal3 pool's counts as its status carries them: capacity and what is free as upstream's
+/// pull request #1540 has them (left out, not capped, past int64), what is held as bitpool adds.
+fn set_counts(status: &mut IPPoolStatus, counts: &Counts) {
+    let capacity = i64::try_from(counts.total).ok();
+    status.capacity = capacity;
+    status.available_ip_count = capacity.and_then(|_| i64::try_from(counts.free).ok());
+    status.used_ip_count = Some(i64::try_from(counts.used).unwrap_or(i64::MAX));
+    status.out_of_range_ip_count = Some(i64::try_from(counts.out_of_range).unwrap_or(i64::MAX));
 }
 
 /// A Metal3 IPAddress for `ipclaim` from `pool`, as upstream writes it: named
@@ -296,6 +321,98 @@ pub(super) fn metal3_address(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::metal3_ipam::IPPoolSpec;
+    use crate::ipam::dialect::Usage;
+    use crate::ipam::ledger::Ledger;
+    use std::sync::Arc;
+
+    type Holders = BTreeMap<(ClaimKind, Arc<str>), IpAddr>;
+
+    fn usage(total: u128, used: u128, out_of_range: u128) -> Usage {
+        Usage {
+            counts: Counts {
+                total,
+                used,
+                free: total - (used - out_of_range),
+                out_of_range,
+                reserved: 0,
+            },
+            outside: Vec::new(),
+        }
+    }
+
+    fn status_after(
+        pool: &IPPool,
+        usage: Option<&Usage>,
+        holders: &Holders,
+    ) -> Option<IPPoolStatus> {
+        let ledger = Ledger::default();
+        let report = Report {
+            usage,
+            ledger: &ledger,
+            spec_error: usage.is_none().then_some("spec.pools[0]: no address"),
+            holders,
+            shared: &[],
+            overlaps: &[],
+        };
+        let patch = pool.status_patch(&report)?;
+        let mut merged = serde_json::to_value(pool.status.clone().unwrap_or_default())
+            .expect("a status serializes");
+        json_patch::merge(&mut merged, &patch["status"]);
+        Some(serde_json::from_value(merged).expect("the patched status reads back"))
+    }
+
+    /// Counts as metal3 ip-address-manager's pull request #1540 names them (capacity and what
+    /// is free, left out past int64), bitpool's used and out-of-range counts, and Ready; written
+    /// once, then nothing while nothing changes.
+    #[test]
+    fn status_counts_and_ready_follow_the_pool() {
+        let mut pool = IPPool::new("p", IPPoolSpec::default());
+        let holders = Holders::from([(
+            (ClaimKind::Metal3, Arc::from("c1")),
+            "10.0.0.2".parse().expect("an address"),
+        )]);
+        let small = usage(254, 2, 1);
+        let status = status_after(&pool, Some(&small), &holders).expect("a first status");
+        assert_eq!(status.capacity, Some(254));
+        assert_eq!(status.available_ip_count, Some(253));
+        assert_eq!(status.used_ip_count, Some(2));
+        assert_eq!(status.out_of_range_ip_count, Some(1));
+        assert_eq!(
+            status.indexes.get("c1").map(String::as_str),
+            Some("10.0.0.2")
+        );
+        let ready = &status.conditions[0];
+        assert_eq!(
+            (ready.type_.as_str(), ready.status.as_str()),
+            ("Ready", "True")
+        );
+        assert_eq!(ready.reason, "AddressesOutOfRange");
+        pool.status = Some(status);
+        assert!(
+            status_after(&pool, Some(&small), &holders).is_none(),
+            "a pool at rest is written again"
+        );
+
+        let vast = usage(1 << 64, 1, 0);
+        let status = status_after(&pool, Some(&vast), &holders).expect("new counts");
+        assert_eq!((status.capacity, status.available_ip_count), (None, None));
+        assert_eq!(status.used_ip_count, Some(1));
+        pool.status = Some(status);
+
+        let status = status_after(&pool, None, &holders).expect("an invalid spec is reported");
+        let ready = &status.conditions[0];
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidSpec")
+        );
+        assert!(ready.message.contains("spec.pools[0]"), "{}", ready.message);
+        assert_eq!(
+            status.used_ip_count,
+            Some(1),
+            "counts are kept while the spec is invalid"
+        );
+    }
 
     #[test]
     fn invalid_address_names_are_explained() {
