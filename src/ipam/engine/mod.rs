@@ -179,10 +179,12 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         Ok(base) => (Some(base), None),
         Err(problem) => (None, Some(problem)),
     };
+    let mut timeline = Timeline::start();
     let Some(observed) = read::observe(pool, &ctx, deleting, sight).await? else {
         return Ok(Action::requeue(UNLISTED_RECHECK));
     };
     let mut batch = plan::plan(pool, &observed, base.as_ref());
+    timeline.mark("read");
     let round = Round {
         pool,
         ctx: &ctx,
@@ -191,12 +193,51 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         spec_error,
     };
     let reserved = commit::reserve(&round, &mut batch).await;
+    timeline.mark("reserve");
     let reclaimed = batch.orphaned.len();
     apply::apply(&round, &mut batch, &reserved).await?;
+    timeline.mark("apply");
     let done = commit::settle(&round, &mut batch, reserved).await;
-    report::count(pool, &ctx, &batch, &done, reclaimed);
+    timeline.mark("settle");
+    report::count(pool, &ctx, &batch, &done);
+    let changed = report::Changed::of(&batch, reclaimed);
     apply::adopt_addresses(&ctx, &mut batch).await?;
-    report::report(&round, batch, done).await
+    let action = report::report(&round, batch, done).await;
+    timeline.mark("report");
+    changed.log(pool, &timeline);
+    action
+}
+
+/// How long each phase of a reconcile took, for its log line: where a batch's time goes.
+struct Timeline {
+    last: std::time::Instant,
+    phases: Vec<(&'static str, Duration)>,
+}
+
+impl Timeline {
+    fn start() -> Self {
+        Self {
+            last: std::time::Instant::now(),
+            phases: Vec::with_capacity(4),
+        }
+    }
+
+    /// Ends `phase` now.
+    fn mark(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        self.phases.push((phase, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Timeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (phase, took)) in self.phases.iter().enumerate() {
+            let gap = if i == 0 { "" } else { " " };
+            write!(f, "{gap}{phase} {} ms", took.as_millis())?;
+        }
+        Ok(())
+    }
 }
 
 /// What the phases after the plan work from: the pool, the context, what was read, and the

@@ -82,14 +82,8 @@ pub(super) async fn report<P: PoolDialect>(
     Ok(Action::requeue(next))
 }
 
-/// What the two transactions did, as metrics and one log line.
-pub(super) fn count<P: PoolDialect>(
-    pool: &P,
-    ctx: &Context,
-    batch: &Batch,
-    done: &Transacted,
-    reclaimed_objects: usize,
-) {
+/// What the two transactions did, as metrics.
+pub(super) fn count<P: PoolDialect>(pool: &P, ctx: &Context, batch: &Batch, done: &Transacted) {
     let metrics = &ctx.ops.metrics;
     metrics.allocated(P::KIND.as_str(), batch.second.confirm.len());
     let released = batch.second.release.len()
@@ -99,15 +93,40 @@ pub(super) fn count<P: PoolDialect>(
     if let Some(usage) = &done.usage {
         metrics.pool_usage(&pool_labels(&pool.key()), &usage.counts);
     }
-    if !batch.first.allocate.is_empty() || !batch.second.is_empty() || reclaimed_objects > 0 {
-        tracing::info!(
-            pool = %pool.key().describe(),
-            pending = batch.first.allocate.len(),
-            created = batch.second.confirm.len(),
-            released = batch.second.release_claims.len(),
-            reclaimed = batch.second.release_unbound.len() + reclaimed_objects,
-            "reconciled"
-        );
+}
+
+/// What a reconcile changed, for its one log line.
+pub(super) struct Changed {
+    pending: usize,
+    created: usize,
+    released: usize,
+    reclaimed: usize,
+}
+
+impl Changed {
+    pub(super) fn of(batch: &Batch, reclaimed_objects: usize) -> Self {
+        Self {
+            pending: batch.first.allocate.len(),
+            created: batch.second.confirm.len(),
+            released: batch.second.release_claims.len(),
+            reclaimed: batch.second.release_unbound.len() + reclaimed_objects,
+        }
+    }
+
+    /// One line for a reconcile that changed something, with where its time went.
+    pub(super) fn log<P: PoolDialect>(&self, pool: &P, timeline: &super::Timeline) {
+        let changed = self.pending + self.created + self.released + self.reclaimed;
+        if changed > 0 {
+            tracing::info!(
+                pool = %pool.key().describe(),
+                pending = self.pending,
+                created = self.created,
+                released = self.released,
+                reclaimed = self.reclaimed,
+                phases = %timeline,
+                "reconciled"
+            );
+        }
     }
 }
 
