@@ -276,6 +276,52 @@ async fn errors_use_upstream_messages_and_exhausted_claims_are_retried() {
     );
 }
 
+/// Where no webhook refused it, a pool whose spec hands out nothing says so on its status
+/// (`Ready=False`, `InvalidSpec`, with the problem), and serves once the spec is fixed.
+#[tokio::test]
+async fn an_invalid_pool_says_why_on_its_status_and_serves_once_fixed() {
+    let env = Env::new("m3-invalid").await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    metal3_pool(
+        &env,
+        "backwards",
+        pool_spec(vec![range("192.168.0.20", "192.168.0.10")]),
+    )
+    .await;
+    create(&env.api(), &ipclaim_object(&env, "waits", "backwards")).await;
+    let ready = |pool: IPPool| {
+        pool.status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+    };
+    let refused = eventually("the pool's Ready=False", WAIT, || async {
+        let condition = ready(env.api::<IPPool>().get("backwards").await.ok()?)?;
+        (condition.status == "False").then_some(condition)
+    })
+    .await;
+    assert_eq!(refused.reason, "InvalidSpec", "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains("nothing is allocated until the spec is fixed"),
+        "{refused:?}"
+    );
+    let patch =
+        json!({ "spec": { "pools": [{ "start": "192.168.0.10", "end": "192.168.0.20" }] } });
+    env.api::<IPPool>()
+        .patch("backwards", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("fix the pool");
+    let served = env.allocated("waits").await;
+    assert_eq!(served.spec.address, "192.168.0.10");
+    eventually("the pool's Ready=True", WAIT, || async {
+        let condition = ready(env.api::<IPPool>().get("backwards").await.ok()?)?;
+        (condition.status == "True").then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn capi_claims_share_the_pool_and_same_names_do_not_collide() {
     let env = Env::new("m3-capi").await;
