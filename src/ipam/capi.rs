@@ -86,7 +86,8 @@ pub(super) fn capi_address<P: Resource<DynamicType = ()>>(
     })))
 }
 
-fn saturate(value: u128) -> i64 {
+/// A count as an int64 status field holds it: `i64::MAX` beyond.
+pub(super) fn saturate(value: u128) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 

@@ -236,10 +236,10 @@ impl PoolDialect for IPPool {
             set_counts(&mut next, &usage.counts);
         }
         let show = |address: IpAddr| address.to_string();
-        let conditions_changed =
-            capi::set_conditions(&mut next.conditions, report, self.meta().generation, &show);
+        // Whether they changed shows in `next` against `status`, with the counts.
+        capi::set_conditions(&mut next.conditions, report, self.meta().generation, &show);
         let indexes_written = status.indexes == indexes && status.last_updated.is_some();
-        if indexes_written && !conditions_changed && next == status {
+        if indexes_written && next == status {
             return None;
         }
         let mut patch = if indexes_written {
@@ -271,8 +271,8 @@ fn set_counts(status: &mut IPPoolStatus, counts: &Counts) {
     let capacity = i64::try_from(counts.total).ok();
     status.capacity = capacity;
     status.available_ip_count = capacity.and_then(|_| i64::try_from(counts.free).ok());
-    status.used_ip_count = Some(i64::try_from(counts.used).unwrap_or(i64::MAX));
-    status.out_of_range_ip_count = Some(i64::try_from(counts.out_of_range).unwrap_or(i64::MAX));
+    status.used_ip_count = Some(capi::saturate(counts.used));
+    status.out_of_range_ip_count = Some(capi::saturate(counts.out_of_range));
 }
 
 /// A Metal3 IPAddress for `ipclaim` from `pool`, as upstream writes it: named
