@@ -59,6 +59,9 @@ fn origin() -> String {
     }
 }
 
+/// What bitpool's requests name themselves: `bitpool/<version>`.
+pub const USER_AGENT: &str = concat!("bitpool/", env!("BITPOOL_BUILD_VERSION"));
+
 /// A client for the configured cluster, rate limited, after checking that the API server answers.
 pub async fn connect(limits: Limits) -> Result<Client, Error> {
     let mut config = Config::infer()
@@ -68,7 +71,7 @@ pub async fn connect(limits: Limits) -> Result<Client, Error> {
     // its server-side applies are, so `managedFields` tell bitpool's writes from any other's.
     config.headers.push((
         hyper::header::USER_AGENT,
-        hyper::header::HeaderValue::from_static(concat!("bitpool/", env!("BITPOOL_BUILD_VERSION"))),
+        hyper::header::HeaderValue::from_static(USER_AGENT),
     ));
     let server = config.cluster_url.to_string();
     let limiter = Arc::new(RateLimiter::direct(

@@ -21,6 +21,7 @@ pub mod api;
 pub mod cli;
 pub mod client;
 pub mod crds;
+pub mod inspect;
 pub mod ipam;
 pub mod manager;
 pub mod metal3data;

@@ -429,6 +429,15 @@ impl AddressSpace {
         all.into_iter().map(move |v| family.address(v))
     }
 
+    /// The free addresses as ascending runs `(first, last)`: what an operator reads as the
+    /// pool's room.
+    pub fn free_runs(&self) -> impl Iterator<Item = (IpAddr, IpAddr)> + '_ {
+        let family = self.layout.family;
+        self.free
+            .iter()
+            .map(move |(first, last)| (family.address(first), family.address(last)))
+    }
+
     /// Number of free runs: what allocation cost depends on (logarithmically).
     pub fn free_run_count(&self) -> usize {
         self.free.run_count()

@@ -2,6 +2,7 @@
 //! and `migrate`. Every flag can also be set by the environment variable named in its help text.
 
 mod crds;
+mod inspect;
 mod migrate;
 mod rbac;
 mod run;
@@ -9,6 +10,7 @@ mod run;
 use clap::{Parser, Subcommand, ValueEnum};
 
 pub use crds::CrdsArgs;
+pub use inspect::{CheckArgs, ExplainArgs, Format, PoolsArgs, Target, WhoHasArgs};
 pub use migrate::MigrateArgs;
 pub use rbac::RbacArgs;
 pub use run::{LogFormat, OpsArgs, RunArgs, WebhookArgs, parse_go_duration};
@@ -35,6 +37,27 @@ pub enum Command {
     /// Write InClusterIPPools that replace Metal3 IPPools, pinning every allocated address to its
     /// claim name so that no address changes. Prints the manifests unless --apply is given.
     Migrate(MigrateArgs),
+    /// Every pool of every kind: exact total, used, free and out-of-range counts, claims
+    /// waiting, Ready and why not. Reads only.
+    Pools(PoolsArgs),
+    /// Who holds an address, or anything in a prefix: the address object, its claim and what
+    /// owns the claim, across both claim kinds and every namespace. Exits 1 when nobody does.
+    WhoHas(WhoHasArgs),
+    /// Why a claim is or is not served, in one paragraph that says what to do. Exits 1 when it
+    /// is not served.
+    Explain(ExplainArgs),
+    /// The invariants bitpool's tests assert, on the live cluster: no address held twice,
+    /// ledgers equal to the live objects, no orphan address, no claim stuck deleting. Exits 1
+    /// with what is wrong. Reads only.
+    Check(CheckArgs),
+}
+
+/// What a command that answers a question answered: exit 0 for yes (found, served, every
+/// invariant holds), 1 for no. A command that could not answer exits 2.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Yes,
+    No,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -91,14 +114,32 @@ pub enum Error {
     Flag(String),
     #[error("{0} allocation(s) would change; nothing was written")]
     WouldChange(usize),
+    #[error(transparent)]
+    Read(#[from] crate::inspect::ReadError),
 }
 
-pub async fn execute(cli: Cli) -> Result<(), Error> {
+impl Error {
+    /// 1 when the command answered no (`migrate --check`: allocations would change), 2 when it
+    /// could not do its work.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::WouldChange(_) => 1,
+            _ => 2,
+        }
+    }
+}
+
+pub async fn execute(cli: Cli) -> Result<Answer, Error> {
+    let done = |result: Result<(), Error>| result.map(|()| Answer::Yes);
     match cli.command {
-        Command::Run(args) => run::run(*args).await,
-        Command::Rbac(args) => rbac::rbac_command(args),
-        Command::Crds(args) => crds::crds_command(args).await,
-        Command::Migrate(args) => migrate::migrate_command(args).await,
+        Command::Run(args) => done(run::run(*args).await),
+        Command::Rbac(args) => done(rbac::rbac_command(args)),
+        Command::Crds(args) => done(crds::crds_command(args).await),
+        Command::Migrate(args) => done(migrate::migrate_command(args).await),
+        Command::Pools(args) => inspect::pools_command(args).await,
+        Command::WhoHas(args) => inspect::who_has_command(args).await,
+        Command::Explain(args) => inspect::explain_command(args).await,
+        Command::Check(args) => inspect::check_command(args).await,
     }
 }
 
