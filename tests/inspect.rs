@@ -10,12 +10,15 @@ use std::process::Output;
 
 use bitpool::api::capi::{IPAddress, IPAddressSpec, IPPoolReference, LocalObjectName};
 use bitpool::api::capi_pools::InClusterIPPool;
+use bitpool::api::metal3_ipam::IPClaim;
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::build::{
     capi_pool, capi_spec, claim, ipclaim, metal3_pool, metal3_spec, with_gateway,
 };
 use support::check::address_of;
+use support::ops::{bind_cluster_role, service_account, token_kubeconfig};
 use support::wait::{wait_claim, wait_ipclaim};
 use support::{Bitpool, Env};
 
@@ -76,6 +79,13 @@ async fn the_operator_commands_answer_from_the_live_cluster() {
     wait_claim(&env, "node-4", "exhausted", |c| c.reason == "PoolExhausted").await;
     ipclaim(&env, "host-1", "bmh").await;
     wait_ipclaim(&env, "host-1").await;
+    let metal3_held = Api::<IPClaim>::namespaced(env.client.clone(), &ns)
+        .get("host-1")
+        .await
+        .ok()
+        .and_then(|c| c.status?.address?.name)
+        .and_then(|name| name.strip_prefix("m3-").map(|a| a.replace('-', ".")))
+        .expect("host-1's address, from its object's name");
 
     let pools = bitpool(&["pools", "-n", &ns, "-o", "json"]);
     assert_eq!(pools.status.code(), Some(0), "{}", text(&pools));
@@ -145,6 +155,15 @@ async fn the_operator_commands_answer_from_the_live_cluster() {
         "{}",
         text(&who)
     );
+    let metal3 = bitpool(&["who-has", &metal3_held, "-n", &ns]);
+    let metal3_text = String::from_utf8_lossy(&metal3.stdout);
+    assert!(
+        metal3_text.contains("IPAddress.ipam.metal3.io/")
+            && metal3_text.contains("IPClaim/host-1")
+            && metal3_text.contains("IPPool/bmh"),
+        "{}",
+        text(&metal3)
+    );
     let whole = bitpool(&["who-has", "10.60.0.0/24", "-n", &ns, "-o", "json"]);
     let holders: BTreeSet<String> = json_of(&whole)
         .as_array()
@@ -203,6 +222,50 @@ async fn the_operator_commands_answer_from_the_live_cluster() {
         String::from_utf8_lossy(&check.stdout),
         "every invariant holds\n"
     );
+
+    // Bound to nothing but `bitpool rbac --viewer` (get and list), every command still answers.
+    let kubeconfig = plugins.join("viewer.kubeconfig");
+    as_viewer(&env, &kubeconfig).await;
+    let kubeconfig = kubeconfig.to_str().expect("a UTF-8 path");
+    for (args, expected) in [
+        (vec!["pools", "-n", &ns], 0),
+        (vec!["who-has", &held, "-n", &ns], 0),
+        (vec!["who-has", &metal3_held, "-n", &ns], 0),
+        (vec!["explain", "-n", &ns, "node-4"], 1),
+        (vec!["check", "-n", &ns], 0),
+    ] {
+        let output = bitpool(&[args.as_slice(), &["--kubeconfig", kubeconfig]].concat());
+        assert_eq!(
+            output.status.code(),
+            Some(expected),
+            "{args:?} as the viewer: {}",
+            text(&output)
+        );
+    }
+}
+
+/// Writes to `kubeconfig` the credentials of a new ServiceAccount of the test bound only to the
+/// ClusterRole `bitpool rbac --viewer` prints.
+async fn as_viewer(env: &Env, kubeconfig: &Path) {
+    let roles: Api<ClusterRole> = Api::all(env.client.clone());
+    let role = bitpool::rbac::viewer();
+    roles
+        .patch(
+            "bitpool-viewer",
+            &PatchParams::apply("bitpool-tests").force(),
+            &Patch::Apply(&role),
+        )
+        .await
+        .expect("apply the viewer role");
+    let token = service_account(env, "operator").await;
+    bind_cluster_role(
+        env,
+        &format!("{}-viewer", env.name()),
+        "bitpool-viewer",
+        "operator",
+    )
+    .await;
+    token_kubeconfig(support::kubeconfig_path(), &token, kubeconfig);
 }
 
 /// A directory of this test's own for the plugin link.

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
 use support::build::*;
-use support::ops::{Endpoints, bind_cluster_role, service_account, token};
+use support::ops::{Endpoints, bind_cluster_role, service_account, token, token_kubeconfig};
 use support::plane::Dedicated;
 use support::wait::*;
 use support::{Env, eventually, root};
@@ -89,18 +89,8 @@ fn apply_components(plane: &Dedicated) {
 /// A kubeconfig that is the ServiceAccount `bitpool-manager`, as its pod would be.
 async fn service_account_kubeconfig(plane: &Dedicated, client: &Client) -> PathBuf {
     let token = token(client, NAMESPACE, "bitpool-manager").await;
-    let admin = std::fs::read_to_string(&plane.kubeconfig).expect("the admin kubeconfig");
-    let server = admin
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: "))
-        .expect("a server");
-    let ca = plane.dir.join("pki/ca.crt");
     let path = plane.dir.join("bitpool-manager.kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: plane\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: bitpool-manager\n  user:\n    token: {token}\ncontexts:\n- name: sa\n  context: {{cluster: plane, user: bitpool-manager}}\ncurrent-context: sa\n",
-        ca.display()
-    );
-    std::fs::write(&path, text).expect("write the ServiceAccount kubeconfig");
+    token_kubeconfig(&plane.kubeconfig, &token, &path);
     path
 }
 

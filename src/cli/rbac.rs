@@ -20,6 +20,10 @@ pub struct RbacArgs {
     /// `<groups>-role` and its binding, for an installation that enables them later.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub adding: Vec<ControllerGroup>,
+    /// Print instead the ClusterRole `bitpool-viewer`: what `kubectl bitpool` reads (get and
+    /// list only), to bind to the people and tools that run it.
+    #[arg(long, conflicts_with = "adding")]
+    pub viewer: bool,
     /// Write the roles to this file instead of printing them.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -28,6 +32,7 @@ pub struct RbacArgs {
 pub(super) fn rbac_command(args: RbacArgs) -> Result<(), Error> {
     let base = groups(&args.controllers);
     let yaml = match args.adding.is_empty() {
+        _ if args.viewer => crate::rbac::viewer_yaml(),
         true => crate::rbac::to_yaml(base),
         false => {
             let added = groups(&args.adding);

@@ -118,3 +118,20 @@ pub async fn bind_cluster_role(env: &super::Env, binding: &str, role: &str, acco
         .await
         .unwrap_or_else(|e| panic!("bind {role} to {account}: {e}"));
 }
+
+/// A kubeconfig at `out` that authenticates with `token` to the cluster of the kubeconfig
+/// `admin` (its server and certificate authority), as a ServiceAccount's pod would.
+pub fn token_kubeconfig(admin: &std::path::Path, token: &str, out: &std::path::Path) {
+    let admin = std::fs::read_to_string(admin).expect("the admin kubeconfig");
+    let field = |name: &str| {
+        admin
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name).map(str::to_string))
+            .unwrap_or_else(|| panic!("no {name} in the admin kubeconfig"))
+    };
+    let (server, ca) = (field("server: "), field("certificate-authority: "));
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: plane\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: account\n  user:\n    token: {token}\ncontexts:\n- name: account\n  context: {{cluster: plane, user: account}}\ncurrent-context: account\n"
+    );
+    std::fs::write(out, text).expect("write the token kubeconfig");
+}
