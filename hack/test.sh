@@ -19,6 +19,14 @@ if ! command -v kubectl >/dev/null 2>&1; then
   sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
 fi
 
+# The alert tests run Prometheus and promtool (the package's daemon is not started here: no
+# systemd; the test starts its own on 127.0.0.1).
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "test: installing Prometheus and promtool (Debian package prometheus)" >&2
+  if [ "$(id -u)" = 0 ]; then sudo() { "$@"; }; fi
+  sudo apt-get update -qq && sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+fi
+
 # The clock tests run bitpool on machines whose clocks are wrong, with libfaketime.
 if ! ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1; then
   echo "test: installing libfaketime (Debian package libfaketime)" >&2

@@ -126,6 +126,7 @@ async fn rebuild<P: PoolDialect>(
             "rebuilding the pool's ledger from its address objects; no new address until the rebuild fence ends"
         );
         ledger.fence(&objects::now().0.to_string(), because);
+        ctx.ops.metrics.ledger_rebuilt(P::KIND.as_str());
     }
     Ok(ledger)
 }

@@ -54,9 +54,12 @@ pub struct Metrics {
     pool_out_of_range: Family<PoolLabels, AddressGauge>,
     pool_duplicated: Family<PoolLabels, AddressGauge>,
     pool_overlaps: Family<PoolLabels, AddressGauge>,
+    pool_claims_pending: Family<PoolLabels, AddressGauge>,
+    pool_claims_pending_since: Family<PoolLabels, AddressGauge>,
     allocations: Family<KindLabels, Counter>,
     releases: Family<KindLabels, Counter>,
     ledger_conflicts: Family<KindLabels, Counter>,
+    ledger_rebuilds: Family<KindLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     reconcile_errors: Family<ErrorLabels, Counter>,
     leader: Gauge,
@@ -86,9 +89,12 @@ impl Metrics {
             pool_out_of_range: Family::default(),
             pool_duplicated: Family::default(),
             pool_overlaps: Family::default(),
+            pool_claims_pending: Family::default(),
+            pool_claims_pending_since: Family::default(),
             allocations: Family::default(),
             releases: Family::default(),
             ledger_conflicts: Family::default(),
+            ledger_rebuilds: Family::default(),
             reconcile_duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
@@ -144,6 +150,16 @@ impl Metrics {
             "Other pools whose addresses meet this pool's (each pool hands out an address once; two pools may hand out the same one)",
             self.pool_overlaps.clone(),
         );
+        registry.register(
+            "pool_claims_pending",
+            "Claims of a pool that hold no address after its last reconcile (refused, waiting or deferred)",
+            self.pool_claims_pending.clone(),
+        );
+        registry.register(
+            "pool_claims_pending_since_seconds",
+            "Unix time the oldest of a pool's pending claims was created; 0 when none is pending",
+            self.pool_claims_pending_since.clone(),
+        );
     }
 
     /// What the engine and the process do: allocations, releases, conflicts, reconciles, the
@@ -163,6 +179,11 @@ impl Metrics {
             "ledger_conflicts",
             "Ledger writes that lost a race with another writer and were computed again",
             self.ledger_conflicts.clone(),
+        );
+        registry.register(
+            "ledger_rebuilds",
+            "Ledgers rebuilt from the live address objects after their record was lost (each fenced for 37 s), by pool kind",
+            self.ledger_rebuilds.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
@@ -207,8 +228,21 @@ impl Metrics {
         set(&self.pool_out_of_range, counts.out_of_range);
     }
 
-    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 6] {
+    /// Records a pool's claims that hold no address after a reconcile: how many, and when the
+    /// oldest of them was created (Unix seconds).
+    pub fn pool_pending(&self, pool: &PoolLabels, count: usize, oldest_created: Option<f64>) {
+        self.pool_claims_pending
+            .get_or_create(pool)
+            .set(count as f64);
+        self.pool_claims_pending_since
+            .get_or_create(pool)
+            .set(oldest_created.unwrap_or(0.0));
+    }
+
+    fn pool_families(&self) -> [&Family<PoolLabels, AddressGauge>; 8] {
         [
+            &self.pool_claims_pending,
+            &self.pool_claims_pending_since,
             &self.pool_overlaps,
             &self.pool_duplicated,
             &self.pool_total,
@@ -235,6 +269,10 @@ impl Metrics {
 
     pub fn ledger_conflict(&self, pool_kind: &str) {
         self.count(&self.ledger_conflicts, pool_kind, 1);
+    }
+
+    pub fn ledger_rebuilt(&self, pool_kind: &str) {
+        self.count(&self.ledger_rebuilds, pool_kind, 1);
     }
 
     fn count(&self, family: &Family<KindLabels, Counter>, kind: &str, count: usize) {
@@ -338,53 +376,70 @@ mod tests {
         );
     }
 
-    /// Every series the shipped Grafana dashboard queries is one bitpool exports.
-    #[test]
-    fn the_dashboard_queries_only_exported_series() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/config/grafana/bitpool-dashboard.json"
-        );
-        let dashboard: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap_or_default())
-                .expect("the dashboard is JSON");
+    /// Every `bitpool_` series a PromQL expression anywhere in `document` (an `expr` field)
+    /// names, with the expression.
+    fn queried_series(document: &serde_json::Value) -> Vec<(String, String)> {
+        let mut queried = Vec::new();
+        let mut values = vec![document];
+        while let Some(value) = values.pop() {
+            match value {
+                serde_json::Value::Object(map) => {
+                    if let Some(serde_json::Value::String(expr)) = map.get("expr") {
+                        let names = expr
+                            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                            .filter(|w| w.starts_with("bitpool_"));
+                        queried.extend(names.map(|n| (n.to_string(), expr.clone())));
+                    }
+                    values.extend(map.values());
+                }
+                serde_json::Value::Array(items) => values.extend(items),
+                _ => {}
+            }
+        }
+        queried
+    }
+
+    /// Every series name bitpool exports, each family with a sample.
+    fn exported_series() -> std::collections::HashSet<String> {
         let metrics = Metrics::new();
         metrics.pool_usage(&pool("p"), &counts(4, 1, 0));
+        metrics.pool_duplicated(&pool("p"), 0);
+        metrics.pool_pending(&pool("p"), 1, Some(1.0));
         metrics.allocated("InClusterIPPool", 1);
         metrics.released("InClusterIPPool", 1);
         metrics.ledger_conflict("InClusterIPPool");
+        metrics.ledger_rebuilt("InClusterIPPool");
         metrics.reconciled("InClusterIPPool", Duration::from_millis(1));
         metrics.reconcile_failed("InClusterIPPool", "conflict");
         metrics.event_dropped();
-        let exported: std::collections::HashSet<String> = metrics
+        metrics
             .encode()
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.split(['{', ' ']).next().map(str::to_string))
-            .collect();
-        let mut queried = Vec::new();
-        let mut exprs = vec![&dashboard];
-        while let Some(value) = exprs.pop() {
-            match value {
-                serde_json::Value::Object(map) => {
-                    if let Some(serde_json::Value::String(expr)) = map.get("expr") {
-                        queried.push(expr.clone());
-                    }
-                    exprs.extend(map.values());
-                }
-                serde_json::Value::Array(items) => exprs.extend(items),
-                _ => {}
-            }
-        }
-        assert!(queried.len() >= 8, "{queried:?}");
-        for expr in &queried {
-            for name in expr
-                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .filter(|w| w.starts_with("bitpool_"))
-            {
+            .collect()
+    }
+
+    fn shipped(path: &str) -> serde_json::Value {
+        let path = format!("{}/{path}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// Every series the shipped Grafana dashboard and alerts query is one bitpool exports.
+    #[test]
+    fn the_dashboard_and_the_alerts_query_only_exported_series() {
+        let exported = exported_series();
+        for (path, at_least) in [
+            ("config/grafana/bitpool-dashboard.json", 8),
+            ("config/prometheus/alerts.yaml", 9),
+        ] {
+            let queried = queried_series(&shipped(path));
+            assert!(queried.len() >= at_least, "{path}: {queried:?}");
+            for (name, expr) in &queried {
                 assert!(
                     exported.contains(name),
-                    "{name} (in {expr}) is not exported"
+                    "{name} (in {path}: {expr}) is not exported"
                 );
             }
         }

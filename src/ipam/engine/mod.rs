@@ -199,7 +199,7 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
     timeline.mark("apply");
     let done = commit::settle(&round, &mut batch, reserved).await;
     timeline.mark("settle");
-    report::count(pool, &ctx, &batch, &done);
+    report::count(pool, &ctx, &batch, &done, &round.observed.claims);
     let changed = report::Changed::of(&batch, reclaimed);
     apply::adopt_addresses(&ctx, &mut batch).await?;
     let action = report::report(&round, batch, done).await;

@@ -82,9 +82,29 @@ pub(super) async fn report<P: PoolDialect>(
     Ok(Action::requeue(next))
 }
 
-/// What the two transactions did, as metrics.
-pub(super) fn count<P: PoolDialect>(pool: &P, ctx: &Context, batch: &Batch, done: &Transacted) {
+/// What the two transactions did, as metrics, with the claims left waiting.
+pub(super) fn count<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    batch: &Batch,
+    done: &Transacted,
+    claims: &Selected,
+) {
     let metrics = &ctx.ops.metrics;
+    let waiting: Vec<&AnyClaim> = claims
+        .live
+        .iter()
+        .filter(|c| {
+            c.uid()
+                .is_some_and(|uid| matches!(done.outcomes.get(&uid), Some(Err(_))))
+        })
+        .collect();
+    let oldest = waiting
+        .iter()
+        .filter_map(|c| c.meta.created.as_ref())
+        .map(|t| t.0.as_second() as f64)
+        .reduce(f64::min);
+    metrics.pool_pending(&pool_labels(&pool.key()), waiting.len(), oldest);
     metrics.allocated(P::KIND.as_str(), batch.second.confirm.len());
     let released = batch.second.release.len()
         + batch.second.release_claims.len()
