@@ -36,7 +36,6 @@ pub mod prefix;
 pub mod proxy;
 pub mod spec;
 pub mod sweep;
-pub mod tenancy;
 pub mod transaction;
 
 pub use context::{CachedSpace, Context};

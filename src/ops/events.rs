@@ -38,8 +38,6 @@ pub enum Reason {
     PoolsOverlap,
     /// An address object names a pool that did not hand its address out.
     ForeignAddress,
-    /// A pool's namespace selector leaves a claim's namespace out.
-    NamespaceNotSelected,
 }
 
 impl Reason {
@@ -52,7 +50,6 @@ impl Reason {
             Reason::DuplicateAddress => "DuplicateAddress",
             Reason::PoolsOverlap => "PoolsOverlap",
             Reason::ForeignAddress => "ForeignAddress",
-            Reason::NamespaceNotSelected => "NamespaceNotSelected",
         }
     }
 
@@ -63,16 +60,13 @@ impl Reason {
             | Reason::InvalidSpec
             | Reason::DuplicateAddress
             | Reason::PoolsOverlap
-            | Reason::ForeignAddress
-            | Reason::NamespaceNotSelected => EventType::Warning,
+            | Reason::ForeignAddress => EventType::Warning,
         }
     }
 
     fn action(self) -> &'static str {
         match self {
-            Reason::AddressAllocated | Reason::PoolExhausted | Reason::NamespaceNotSelected => {
-                "Allocate"
-            }
+            Reason::AddressAllocated | Reason::PoolExhausted => "Allocate",
             Reason::AddressReleased => "Release",
             Reason::InvalidSpec
             | Reason::DuplicateAddress

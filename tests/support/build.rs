@@ -67,10 +67,7 @@ pub async fn global_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> St
     let (full, metadata) = global_meta(env, name);
     let pool = GlobalInClusterIPPool {
         metadata,
-        spec: GlobalInClusterIPPoolSpec {
-            pool: spec,
-            namespace_selector: None,
-        },
+        spec: GlobalInClusterIPPoolSpec { pool: spec },
         status: None,
     };
     create(&Api::all(env.client.clone()), &pool).await;
@@ -103,10 +100,7 @@ pub async fn global_prefix_pool(env: &Env, name: &str, spec: InClusterPrefixPool
     let (full, metadata) = global_meta(env, name);
     let pool = GlobalInClusterPrefixPool {
         metadata,
-        spec: GlobalInClusterPrefixPoolSpec {
-            pool: spec,
-            namespace_selector: None,
-        },
+        spec: GlobalInClusterPrefixPoolSpec { pool: spec },
         status: None,
     };
     create(&Api::all(env.client.clone()), &pool).await;
