@@ -1,5 +1,6 @@
-//! The `bitpool` command line, one file per command: `run` (the controllers), `crds`, `rbac`
-//! and `migrate`. Every flag can also be set by the environment variable named in its help text.
+//! The `bitpool` command line, one file per command: `run` (the controllers), `crds`, `rbac`,
+//! `migrate`, and `inspect` (`pools`, `who-has`, `explain`, `check`: also `kubectl bitpool`).
+//! Every flag can also be set by the environment variable named in its help text.
 
 mod crds;
 mod inspect;
