@@ -1,8 +1,6 @@
 //! `bitpool explain CLAIM`: why a claim is or is not served, in one paragraph that says what to
 //! do, from the claim, its pool, the pool's ledger and the claim's recent Events.
 
-use std::net::IpAddr;
-
 use kube::ResourceExt;
 use serde::Serialize;
 
@@ -200,21 +198,15 @@ fn pool_sentences(snapshot: &Snapshot, claim: &AnyClaim, said: &mut Vec<String>)
         )));
     }
     fence_sentence(snapshot, pool, said);
-    if let Ok(mut space) = pool.space() {
-        let held: Vec<IpAddr> = snapshot
-            .addresses_of(&key)
-            .iter()
-            .filter_map(|a| pool.held(a))
-            .collect();
-        space.mark_all_used(held);
-        if space.counts().free == 0 {
-            said.push(format!(
-                "Its pool {} is exhausted ({} of {} held): add addresses to the pool or release some; the claim is served as soon as one is free.",
-                key.describe(),
-                space.counts().used,
-                space.counts().total
-            ));
-        }
+    // The same exact count as `bitpool pools`: address objects and the ledger's record.
+    let counts = super::pools::occupied(snapshot, pool).map(|space| space.counts());
+    if let Some(counts) = counts.filter(|c| c.free == 0) {
+        said.push(format!(
+            "Its pool {} is exhausted ({} of {} held): add addresses to the pool or release some; the claim is served as soon as one is free.",
+            key.describe(),
+            counts.used,
+            counts.total
+        ));
     }
 }
 

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use super::snapshot::{AnyPool, Snapshot};
-use crate::alloc::Counts;
+use crate::alloc::{AddressSpace, Counts};
 use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::AnyClaim;
 
@@ -66,9 +66,9 @@ pub fn pool_rows(snapshot: &Snapshot, wide: bool) -> Vec<PoolRow> {
     rows
 }
 
-/// The pool's exact counts and free runs, from its spec and what its address objects and
-/// ledger hold; `None` when its spec hands out nothing.
-fn room(snapshot: &Snapshot, pool: &AnyPool) -> Option<(Counts, Vec<String>)> {
+/// The pool's space with what its address objects and its ledger hold marked used: what the
+/// pool has left, exactly; `None` when its spec hands out nothing.
+pub fn occupied(snapshot: &Snapshot, pool: &AnyPool) -> Option<AddressSpace> {
     let mut space = pool.space().ok()?;
     let key = pool.key();
     let held = snapshot
@@ -82,6 +82,12 @@ fn room(snapshot: &Snapshot, pool: &AnyPool) -> Option<(Counts, Vec<String>)> {
         .map(|ledger| ledger.addresses().collect::<Vec<_>>())
         .unwrap_or_default();
     space.mark_all_used(held.into_iter().chain(recorded));
+    Some(space)
+}
+
+/// The pool's exact counts and free runs ([`occupied`]).
+fn room(snapshot: &Snapshot, pool: &AnyPool) -> Option<(Counts, Vec<String>)> {
+    let space = occupied(snapshot, pool)?;
     let runs = space
         .free_runs()
         .map(|(first, last)| match first == last {
