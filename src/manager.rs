@@ -297,6 +297,13 @@ where
             meeting(&pools.store),
         )
         .watches_shared_stream(caches.ippools.subscribe()?, meeting(&pools.store));
+    // A namespace labelled or unlabelled: the global pools that select namespaces decide again.
+    let selecting = ctx.clone();
+    controller = controller.watches_shared_stream(caches.namespaces.subscribe()?, move |_| {
+        selecting_pools(&selecting)
+            .filter_map(|k| k.object_ref::<P>())
+            .collect::<Vec<_>>()
+    });
     if let Some(clusters) = &caches.clusters {
         let ctx = ctx.clone();
         controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {
@@ -306,6 +313,23 @@ where
         });
     }
     Some(controller)
+}
+
+/// The cluster-scoped pools with a `namespaceSelector`: whom they serve follows namespaces' labels.
+fn selecting_pools(ctx: &Context) -> impl Iterator<Item = PoolKey> {
+    let global = ctx
+        .global_pools
+        .state()
+        .into_iter()
+        .filter(|p| p.spec.namespace_selector.is_some())
+        .map(|p| p.key());
+    let global_prefix = ctx
+        .global_prefix_pools
+        .state()
+        .into_iter()
+        .filter(|p| p.spec.namespace_selector.is_some())
+        .map(|p| p.key());
+    global.chain(global_prefix).collect::<Vec<_>>().into_iter()
 }
 
 /// The pools a Cluster's pause and unpause concern: those its claims name, the namespaced pools

@@ -70,8 +70,9 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
             &["customresourcedefinitions"],
             &["get"],
         ),
-        // The ledger namespace is created if missing; a terminating namespace lets its pools go.
-        rule("", &["namespaces"], &["get", "create"]),
+        // The ledger namespace is created if missing; a terminating namespace lets its pools go;
+        // namespaces' labels decide whom a global pool's `namespaceSelector` serves.
+        rule("", &["namespaces"], &["get", "list", "watch", "create"]),
         rule("events.k8s.io", &["events"], &["create", "patch"]),
         // The secure /metrics endpoint asks the API server who calls and whether they may.
         rule("authentication.k8s.io", &["tokenreviews"], &["create"]),

@@ -140,7 +140,10 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
             m.namespace = None;
             m
         },
-        spec: bitpool::api::capi_pools::GlobalInClusterIPPoolSpec { pool: mixed },
+        spec: bitpool::api::capi_pools::GlobalInClusterIPPoolSpec {
+            pool: mixed,
+            namespace_selector: None,
+        },
         status: None,
     };
     assert_denied(
@@ -386,6 +389,7 @@ async fn prefix_pools_are_validated_and_kept_while_in_use() {
         metadata: env.meta(&format!("{}-outside", env.name())),
         spec: GlobalInClusterPrefixPoolSpec {
             pool: prefix_spec(&["fd00:31::/48"], 64),
+            namespace_selector: None,
         },
         status: None,
     };
@@ -1022,4 +1026,66 @@ async fn a_pools_checks_read_its_ledger() {
             .await,
         &["10.93.0.5 (claim in-flight)"],
     );
+}
+
+/// A shared pool's `namespaceSelector` at admission: a selector that is not one is refused on the
+/// pool, naming the field; a claim from a namespace the pool does not select is refused as kubectl
+/// shows it, naming the pool, the selector and the namespace; labelled in, it is accepted.
+#[tokio::test]
+async fn claims_from_namespaces_a_shared_pool_does_not_select_are_refused() {
+    let harness = serve("wh-tenancy", &[]).await;
+    let env = &harness.env;
+    let pp = PostParams::default();
+    let globals: Api<GlobalInClusterIPPool> = Api::all(env.client.clone());
+    let pool = |name: &str, selector: serde_json::Value| {
+        let mut pool = GlobalInClusterIPPool {
+            metadata: env.meta(&format!("{}-{name}", env.name())),
+            spec: bitpool::api::capi_pools::GlobalInClusterIPPoolSpec {
+                pool: capi_spec(&["10.90.0.10-10.90.0.20"], 24),
+                namespace_selector: Some(serde_json::from_value(selector).expect("a selector")),
+            },
+            status: None,
+        };
+        pool.metadata.namespace = None;
+        pool
+    };
+    let unknown_operator =
+        json!({"matchExpressions": [{"key": "tenant", "operator": "Near", "values": ["x"]}]});
+    assert_denied(
+        globals.create(&pp, &pool("bad", unknown_operator)).await,
+        &["spec.namespaceSelector"],
+    );
+    let tenant = env.name().to_string();
+    let shared = pool("shared", json!({"matchLabels": {"tenant": tenant}}));
+    globals
+        .create(&pp, &shared)
+        .await
+        .expect("a valid selector is accepted");
+    let name = shared.metadata.name.clone().unwrap_or_default();
+    let manifest = format!(
+        "apiVersion: ipam.cluster.x-k8s.io/v1beta2\nkind: IPAddressClaim\nmetadata:\n  name: outsider\n  namespace: {ns}\n  labels: {{{label}: {ns}}}\nspec:\n  poolRef: {{apiGroup: ipam.cluster.x-k8s.io, kind: GlobalInClusterIPPool, name: {name}}}\n",
+        ns = env.name(),
+        label = bitpool::runtime::WATCH_FILTER_LABEL,
+    );
+    let (applied, text) = kubectl(&["apply", "-f", "-"], &manifest);
+    assert!(
+        !applied,
+        "an unselected namespace's claim was accepted: {text}"
+    );
+    assert!(
+        text.contains("spec.poolRef")
+            && text.contains(&format!("tenant={tenant}"))
+            && text.contains(&format!("namespace {} is not one", env.name())),
+        "{text}"
+    );
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .patch(
+            env.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tenant": tenant}}})),
+        )
+        .await
+        .expect("label the namespace in");
+    let (applied, text) = kubectl(&["apply", "-f", "-"], &manifest);
+    assert!(applied, "a selected namespace's claim was refused: {text}");
 }

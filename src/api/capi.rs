@@ -61,6 +61,8 @@ pub mod reasons {
     pub const POOL_NOT_READY: &str = "PoolNotReady";
     pub const POOL_EXHAUSTED: &str = "PoolExhausted";
     pub const ALLOCATION_FAILED: &str = "AllocationFailed";
+    /// bitpool's: a global pool's `namespaceSelector` leaves the claim's namespace out.
+    pub const NAMESPACE_NOT_SELECTED: &str = "NamespaceNotSelected";
 }
 
 /// A typed reference to a pool, as the v1beta2 contract spells it (all three fields required).

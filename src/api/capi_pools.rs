@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -98,9 +98,16 @@ pub struct InClusterIPPoolSpec {
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
+#[serde(rename_all = "camelCase")]
 pub struct GlobalInClusterIPPoolSpec {
     #[serde(flatten)]
     pub pool: InClusterIPPoolSpec,
+    /// bitpool extension: the namespaces whose claims may take addresses from this pool (a
+    /// label selector over Namespaces). Unset or empty: every namespace, as upstream. A claim
+    /// of a namespace it does not select is refused (`Ready=False`, `NamespaceNotSelected`);
+    /// addresses already held stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -273,7 +280,14 @@ pub struct InClusterPrefixPoolSpec {
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
+#[serde(rename_all = "camelCase")]
 pub struct GlobalInClusterPrefixPoolSpec {
     #[serde(flatten)]
     pub pool: InClusterPrefixPoolSpec,
+    /// bitpool extension: the namespaces whose claims may take addresses from this pool (a
+    /// label selector over Namespaces). Unset or empty: every namespace, as upstream. A claim
+    /// of a namespace it does not select is refused (`Ready=False`, `NamespaceNotSelected`);
+    /// addresses already held stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
 }

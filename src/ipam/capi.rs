@@ -263,6 +263,10 @@ impl PoolDialect for GlobalInClusterIPPool {
     fn preallocation_key(&self, claim: &AnyClaim) -> String {
         global_preallocation_key(self.meta(), &self.spec.pool.pre_allocations, claim)
     }
+
+    fn tenancy(&self) -> Result<super::tenancy::Tenancy, String> {
+        super::tenancy::Tenancy::of(self.spec.namespace_selector.as_ref())
+    }
 }
 
 /// The key that names `claim` among a cluster-scoped pool's `preAllocations`: `<namespace>/<name>`,

@@ -127,6 +127,11 @@ pub trait PoolDialect:
     fn explain(&self, refusal: Refusal) -> Refusal {
         refusal
     }
+    /// Which namespaces' claims the pool serves (a cluster-scoped pool's `namespaceSelector`),
+    /// or why its selector is not one.
+    fn tenancy(&self) -> Result<super::tenancy::Tenancy, String> {
+        Ok(super::tenancy::Tenancy::Everyone)
+    }
     /// How long a released address stays reserved.
     fn reuse_grace(&self) -> Option<Duration> {
         None

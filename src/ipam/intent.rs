@@ -149,6 +149,11 @@ pub enum Refusal {
         address: IpAddr,
         why: String,
     },
+    /// A cluster-scoped pool's `namespaceSelector` does not select the claim's namespace.
+    NamespaceNotSelected {
+        namespace: String,
+        selector: String,
+    },
 }
 
 /// Frees `address` in the ledger and in the space that mirrors it.

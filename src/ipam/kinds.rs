@@ -416,6 +416,18 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
             capi::reasons::ALLOCATION_FAILED,
             not_handed_message(pool, address, why),
         ),
+        Outcome::Refused {
+            refusal:
+                Refusal::NamespaceNotSelected {
+                    namespace,
+                    selector,
+                },
+            pool,
+            ..
+        } => (
+            capi::reasons::NAMESPACE_NOT_SELECTED,
+            not_selected_message(pool, namespace, selector),
+        ),
         Outcome::Failed(message) => (capi::reasons::ALLOCATION_FAILED, message.clone()),
         Outcome::Allocated { .. } => ("AddressAllocated", String::new()),
     }
@@ -460,6 +472,13 @@ fn capi_status_patch(claim: &ClaimObject, outcome: &Outcome) -> Option<serde_jso
         .then(|| capi::claim_status_patch(address_ref.as_ref(), &conditions))
 }
 
+/// Why a claim of `namespace` gets nothing from a pool whose selector leaves it out.
+pub fn not_selected_message(pool: &str, namespace: &str, selector: &str) -> String {
+    format!(
+        "{pool} serves only namespaces its spec.namespaceSelector ({selector}) selects, and namespace {namespace} is not one: label the namespace, or claim from another pool"
+    )
+}
+
 fn paused_message(pool: &str) -> String {
     format!(
         "{pool} is paused (annotation {}): it hands out no address until the annotation is removed",
@@ -501,6 +520,15 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             pool,
             ..
         } => not_handed_message(pool, address, why),
+        Outcome::Refused {
+            refusal:
+                Refusal::NamespaceNotSelected {
+                    namespace,
+                    selector,
+                },
+            pool,
+            ..
+        } => not_selected_message(pool, namespace, selector),
         Outcome::Refused {
             refusal: Refusal::Alloc(e),
             ..

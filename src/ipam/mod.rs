@@ -36,6 +36,7 @@ pub mod prefix;
 pub mod proxy;
 pub mod spec;
 pub mod sweep;
+pub mod tenancy;
 pub mod transaction;
 
 pub use context::{CachedSpace, Context};

@@ -193,6 +193,10 @@ impl PoolDialect for GlobalInClusterPrefixPool {
     fn preallocation_key(&self, claim: &AnyClaim) -> String {
         global_preallocation_key(self.meta(), &self.spec.pool.pre_allocations, claim)
     }
+
+    fn tenancy(&self) -> Result<super::tenancy::Tenancy, String> {
+        super::tenancy::Tenancy::of(self.spec.namespace_selector.as_ref())
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub enum Reason {
     PoolsOverlap,
     /// An address object names a pool that did not hand its address out.
     ForeignAddress,
+    /// A pool's namespace selector leaves a claim's namespace out.
+    NamespaceNotSelected,
 }
 
 impl Reason {
@@ -50,6 +52,7 @@ impl Reason {
             Reason::DuplicateAddress => "DuplicateAddress",
             Reason::PoolsOverlap => "PoolsOverlap",
             Reason::ForeignAddress => "ForeignAddress",
+            Reason::NamespaceNotSelected => "NamespaceNotSelected",
         }
     }
 
@@ -60,13 +63,16 @@ impl Reason {
             | Reason::InvalidSpec
             | Reason::DuplicateAddress
             | Reason::PoolsOverlap
-            | Reason::ForeignAddress => EventType::Warning,
+            | Reason::ForeignAddress
+            | Reason::NamespaceNotSelected => EventType::Warning,
         }
     }
 
     fn action(self) -> &'static str {
         match self {
-            Reason::AddressAllocated | Reason::PoolExhausted => "Allocate",
+            Reason::AddressAllocated | Reason::PoolExhausted | Reason::NamespaceNotSelected => {
+                "Allocate"
+            }
             Reason::AddressReleased => "Release",
             Reason::InvalidSpec
             | Reason::DuplicateAddress

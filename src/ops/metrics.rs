@@ -35,6 +35,12 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    kind: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
     controller: String,
 }
@@ -60,6 +66,7 @@ pub struct Metrics {
     releases: Family<KindLabels, Counter>,
     ledger_conflicts: Family<KindLabels, Counter>,
     ledger_rebuilds: Family<KindLabels, Counter>,
+    claims_refused: Family<RefusalLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     reconcile_errors: Family<ErrorLabels, Counter>,
     leader: Gauge,
@@ -95,6 +102,7 @@ impl Metrics {
             releases: Family::default(),
             ledger_conflicts: Family::default(),
             ledger_rebuilds: Family::default(),
+            claims_refused: Family::default(),
             reconcile_duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             reconcile_errors: Family::default(),
             leader: Gauge::default(),
@@ -186,6 +194,11 @@ impl Metrics {
             self.ledger_rebuilds.clone(),
         );
         registry.register(
+            "claims_refused",
+            "Claims a pool refused to serve for who they are, not for want of addresses (reason NamespaceNotSelected: the pool's namespaceSelector leaves the claim's namespace out), counted when the claim's status says so",
+            self.claims_refused.clone(),
+        );
+        registry.register(
             "reconcile_duration_seconds",
             "How long reconciles took, by controller (the kind it reconciles)",
             self.reconcile_duration.clone(),
@@ -269,6 +282,15 @@ impl Metrics {
 
     pub fn ledger_conflict(&self, pool_kind: &str) {
         self.count(&self.ledger_conflicts, pool_kind, 1);
+    }
+
+    pub fn claim_refused(&self, pool_kind: &str, reason: &str) {
+        self.claims_refused
+            .get_or_create(&RefusalLabels {
+                kind: pool_kind.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 
     pub fn ledger_rebuilt(&self, pool_kind: &str) {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -156,6 +157,8 @@ pub(crate) struct Caches {
     pub(crate) data_templates: Shared<Metal3DataTemplate>,
     pub(crate) datas: Shared<Metal3Data>,
     pub(crate) data_claims: Shared<Metal3DataClaim>,
+    /// Their labels decide which claims a global pool with a `namespaceSelector` serves.
+    pub(crate) namespaces: Shared<Namespace>,
 }
 
 impl Caches {
@@ -183,6 +186,7 @@ impl Caches {
             data_templates: Shared::new(),
             datas: Shared::new(),
             data_claims: Shared::new(),
+            namespaces: Shared::new(),
         }
     }
 
@@ -209,6 +213,7 @@ impl Caches {
             data_templates: self.data_templates.store.clone(),
             datas: self.datas.store.clone(),
             data_claims: self.data_claims.store.clone(),
+            namespaces: self.namespaces.store.clone(),
             ops,
             state: Default::default(),
         }
@@ -234,6 +239,15 @@ impl Caches {
         self.prefix_pools.start(api(client, ns), filtered.clone());
         self.global_prefix_pools
             .start(Api::all(client.clone()), filtered.clone());
+        // Not filtered by label (namespaces are not labelled for bitpool); one namespace's
+        // process needs only its own.
+        let namespaces = match ns {
+            Some(ns) => watcher::Config::default()
+                .any_semantic()
+                .fields(&format!("metadata.name={ns}")),
+            None => watcher::Config::default().any_semantic(),
+        };
+        self.namespaces.start(Api::all(client.clone()), namespaces);
         let groups = settings.groups;
         if groups.metal3_kinds() {
             self.ipclaims.start(api(client, ns), filtered.clone());

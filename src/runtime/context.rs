@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
@@ -116,6 +117,8 @@ pub struct Context {
     pub data_templates: Store<Metal3DataTemplate>,
     pub datas: Store<Metal3Data>,
     pub data_claims: Store<Metal3DataClaim>,
+    /// The namespaces' labels, for the global pools' `namespaceSelector`.
+    pub namespaces: Store<Namespace>,
     /// Metrics, Events and leadership.
     pub ops: std::sync::Arc<crate::ops::Ops>,
     pub state: ProcessState,
@@ -180,6 +183,7 @@ impl Context {
         ready(&self.global_pools).await;
         ready(&self.prefix_pools).await;
         ready(&self.global_prefix_pools).await;
+        ready(&self.namespaces).await;
         let groups = self.settings.groups;
         if groups.metal3_kinds() {
             ready(&self.ippools).await;
@@ -196,6 +200,15 @@ impl Context {
         if let Some(clusters) = &self.clusters {
             ready(clusters).await;
         }
+    }
+
+    /// The labels of `namespace`, if the cache holds it.
+    pub fn namespace_labels(
+        &self,
+        namespace: &str,
+    ) -> Option<std::collections::BTreeMap<String, String>> {
+        let found = self.namespaces.get(&ObjectRef::new(namespace))?;
+        Some(found.metadata.labels.clone().unwrap_or_default())
     }
 
     /// Records a failed reconcile of `object` and says when to retry it: soon for transient

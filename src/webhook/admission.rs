@@ -25,6 +25,8 @@ use crate::ipam::dialect::{AddressKinds, listed_addresses};
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
 use crate::ipam::moving;
+use crate::ipam::tenancy::Tenancy;
+use k8s_openapi::api::core::v1::Namespace;
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.
@@ -91,6 +93,29 @@ impl Webhooks {
             _ => Ok(Vec::new()),
         }
     }
+}
+
+/// A cluster-scoped pool's `namespaceSelector` that is no selector (an unknown operator, `In`
+/// without values): refused, naming the field, rather than read as "everyone".
+fn selector_problems(request: &AdmissionRequest<DynamicObject>, kind: PoolKind) -> Vec<String> {
+    let Some(object) = request.object.as_ref().filter(|_| kind.is_global()) else {
+        return Vec::new();
+    };
+    let Some(selector) = object
+        .data
+        .pointer("/spec/namespaceSelector")
+        .filter(|s| !s.is_null())
+    else {
+        return Vec::new();
+    };
+    let parsed = serde_json::from_value(selector.clone())
+        .map_err(|e| format!("spec.namespaceSelector: {e}"))
+        .and_then(
+            |s: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector| {
+                Tenancy::of(Some(&s))
+            },
+        );
+    parsed.err().into_iter().collect()
 }
 
 /// The pool kind of the request's object, `None` when it is not a pool.
@@ -242,7 +267,7 @@ impl Webhooks {
         if spec_unchanged(request) {
             return Ok(Vec::new());
         }
-        let mut problems = Vec::new();
+        let mut problems = selector_problems(request, kind);
         if request.kind.version == "v1alpha1"
             && let Some(object) = &request.object
             && let Ok(spec) =
@@ -300,11 +325,14 @@ impl Webhooks {
         let Some(spec) = spec_of(request.object.as_ref())? else {
             return Ok(Vec::new());
         };
+        let mut problems = selector_problems(request, kind);
         let (layout, numbering) = match rules::prefix_pool(&spec) {
             Ok(valid) => valid,
-            Err(problems) => return Ok(problems),
+            Err(found) => {
+                problems.extend(found);
+                return Ok(problems);
+            }
         };
-        let mut problems = Vec::new();
         if let Some(old) = spec_of(request.old_object.as_ref())? {
             let held = self.held(request, kind, namespace.as_deref()).await?;
             let allow_shrink =
@@ -683,6 +711,12 @@ impl Webhooks {
         if key.name.is_empty() {
             return Ok(vec!["spec.poolRef.name: cannot be empty".into()]);
         }
+        if key.kind.is_global() && request.operation == Operation::Create {
+            let refused = self.namespace_selected(&key, &namespace).await?;
+            if !refused.is_empty() {
+                return Ok(refused);
+            }
+        }
         let requested = claim
             .annotations()
             .get(metal3_ipam::REQUESTED_ADDRESS_ANNOTATION)
@@ -695,6 +729,43 @@ impl Webhooks {
         Ok(rules::requested_address(
             requested.as_deref(),
             layout.as_ref(),
+        ))
+    }
+
+    /// Whether the cluster-scoped pool `key` serves claims of `namespace` (its
+    /// `namespaceSelector`); a pool that does not exist, or whose selector is invalid, is judged
+    /// by the engine (which says so on the claim).
+    async fn namespace_selected(&self, key: &PoolKey, namespace: &str) -> Verdict {
+        let client = self.client.clone();
+        let selector = match key.kind {
+            PoolKind::GlobalInClusterIPPool => get(
+                &Api::<GlobalInClusterIPPool>::all(client.clone()),
+                &key.name,
+            )
+            .await?
+            .map(|p| p.spec.namespace_selector),
+            _ => get(
+                &Api::<GlobalInClusterPrefixPool>::all(client.clone()),
+                &key.name,
+            )
+            .await?
+            .map(|p| p.spec.namespace_selector),
+        };
+        let Some(Ok(tenancy)) = selector.map(|s| Tenancy::of(s.as_ref())) else {
+            return Ok(Vec::new());
+        };
+        if tenancy == Tenancy::Everyone {
+            return Ok(Vec::new());
+        }
+        let labels = get(&Api::<Namespace>::all(client), namespace)
+            .await?
+            .and_then(|n| n.metadata.labels)
+            .unwrap_or_default();
+        Ok(rules::claim_namespace(
+            &key.describe(),
+            &tenancy,
+            namespace,
+            &labels,
         ))
     }
 

@@ -336,6 +336,22 @@ pub fn overlaps(layout: &Layout, others: &[(String, Layout)]) -> Vec<String> {
 }
 
 /// The `ipAddress` annotation of a claim: an IP, and one the pool hands out when it is known.
+/// A new claim on a cluster-scoped pool from a namespace its `namespaceSelector` leaves out.
+pub fn claim_namespace(
+    pool: &str,
+    tenancy: &crate::ipam::tenancy::Tenancy,
+    namespace: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    match tenancy.admits(labels) {
+        true => Vec::new(),
+        false => vec![format!(
+            "spec.poolRef: {}",
+            crate::ipam::kinds::not_selected_message(pool, namespace, &tenancy.describe())
+        )],
+    }
+}
+
 pub fn requested_address(value: Option<&str>, pool: Option<&Layout>) -> Vec<String> {
     let Some(value) = value else {
         return Vec::new();

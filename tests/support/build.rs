@@ -67,7 +67,10 @@ pub async fn global_pool(env: &Env, name: &str, spec: InClusterIPPoolSpec) -> St
     let (full, metadata) = global_meta(env, name);
     let pool = GlobalInClusterIPPool {
         metadata,
-        spec: GlobalInClusterIPPoolSpec { pool: spec },
+        spec: GlobalInClusterIPPoolSpec {
+            pool: spec,
+            namespace_selector: None,
+        },
         status: None,
     };
     create(&Api::all(env.client.clone()), &pool).await;
@@ -100,7 +103,10 @@ pub async fn global_prefix_pool(env: &Env, name: &str, spec: InClusterPrefixPool
     let (full, metadata) = global_meta(env, name);
     let pool = GlobalInClusterPrefixPool {
         metadata,
-        spec: GlobalInClusterPrefixPoolSpec { pool: spec },
+        spec: GlobalInClusterPrefixPoolSpec {
+            pool: spec,
+            namespace_selector: None,
+        },
         status: None,
     };
     create(&Api::all(env.client.clone()), &pool).await;

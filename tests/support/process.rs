@@ -37,6 +37,11 @@ impl Bitpool {
         Self::spawn(filter, &[])
     }
 
+    /// [`Bitpool::start_all_namespaces`] with `extra_args`.
+    pub fn start_all_namespaces_with(filter: &str, extra_args: &[&str]) -> Self {
+        Self::spawn(filter, extra_args)
+    }
+
     fn spawn(filter: &str, extra_args: &[&str]) -> Self {
         Self::spawn_with(filter, filter, extra_args)
     }

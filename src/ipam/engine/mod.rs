@@ -289,6 +289,8 @@ fn base_space<P: PoolDialect>(pool: &P, deleting: bool) -> Result<transaction::B
     if deleting {
         return Err("the pool is being deleted".to_string());
     }
+    // An invalid selector makes the pool invalid: it must not serve namespaces it meant to shut out.
+    pool.tenancy()?;
     Ok(transaction::Base {
         space: pool.space()?,
         spec: transaction::SpecFingerprint {

@@ -47,13 +47,34 @@ pub(super) fn plan<P: PoolDialect>(
             .into_iter()
             .filter_map(|index| index.get(&key))
             .find(|object| usable(pool, claim, object));
-        match held {
-            Some(object) => batch.plan_held(pool, claim, object),
-            None => batch.plan_allocation(pool, claim, base),
+        match (held, not_selected(observed, claim)) {
+            (Some(object), _) => batch.plan_held(pool, claim, object),
+            // A namespace the pool does not serve gets no new address; one it holds stays.
+            (None, Some(refusal)) => batch.statuses.push((
+                claim.clone(),
+                Outcome::Refused {
+                    refusal,
+                    pool: pool.key().describe(),
+                    spec_error: None,
+                },
+            )),
+            (None, None) => batch.plan_allocation(pool, claim, base),
         }
     }
     plan_releases(pool, &mut batch, claims, addresses, observed.fresh.as_ref());
     batch
+}
+
+/// The refusal of a claim whose namespace the pool's `namespaceSelector` leaves out.
+fn not_selected(observed: &Observed, claim: &AnyClaim) -> Option<Refusal> {
+    let outside = observed.outside.as_ref()?;
+    outside
+        .namespaces
+        .contains(&claim.meta.namespace)
+        .then(|| Refusal::NamespaceNotSelected {
+            namespace: claim.meta.namespace.to_string(),
+            selector: outside.selector.clone(),
+        })
 }
 
 impl Batch {
@@ -388,6 +409,7 @@ mod tests {
                 fresh: self.fresh.map(|f| index_by_claim(f, &HashMap::new()).0),
                 orphaned: Vec::new(),
                 sight: Sight::Listed,
+                outside: None,
             }
         }
     }

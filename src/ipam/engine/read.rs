@@ -2,7 +2,7 @@
 //! their address objects, and what a stale cache must not decide alone, read from the server:
 //! objects of claims the cache shows none for, and objects whose claim may be gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +53,42 @@ pub(super) struct Observed {
     /// Objects whose claim is gone, checked on the server.
     pub(super) orphaned: Vec<AnyAddress>,
     pub(super) sight: Sight,
+    /// The namespaces of live claims the pool's `namespaceSelector` leaves out, and the
+    /// selector as people read it.
+    pub(super) outside: Option<Outside>,
+}
+
+/// Claims' namespaces a pool does not serve.
+pub(super) struct Outside {
+    pub(super) selector: String,
+    pub(super) namespaces: HashSet<Arc<str>>,
+}
+
+/// The namespaces of `claims` that `pool`'s tenancy leaves out; `None` when it serves every
+/// namespace (or its selector is invalid: then it serves nothing at all). A namespace the cache
+/// does not hold yet is left out until it does (its arrival triggers the pool again).
+pub(super) fn outside<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    claims: &Selected,
+) -> Option<Outside> {
+    let tenancy = pool.tenancy().ok()?;
+    if tenancy == crate::ipam::tenancy::Tenancy::Everyone {
+        return None;
+    }
+    let namespaces = claims
+        .live
+        .iter()
+        .map(|c| c.meta.namespace.clone())
+        .filter(|ns| {
+            !ctx.namespace_labels(ns)
+                .is_some_and(|labels| tenancy.admits(&labels))
+        })
+        .collect();
+    Some(Outside {
+        selector: tenancy.describe(),
+        namespaces,
+    })
 }
 
 /// Reads the pool's claims and address objects: from the caches, and from the server where a
@@ -95,6 +131,7 @@ async fn observe_unlisted<P: PoolDialect>(
     if !stored.is_some_and(|s| s.ledger.whole_and_unfenced()) {
         return Ok(None);
     }
+    let outside = outside(pool, ctx, &claims);
     Ok(Some(Observed {
         claims,
         addresses: AddressIndex::new(),
@@ -104,6 +141,7 @@ async fn observe_unlisted<P: PoolDialect>(
         fresh: None,
         orphaned: Vec::new(),
         sight: Sight::Unlisted,
+        outside,
     }))
 }
 
@@ -145,6 +183,7 @@ async fn observe_listed<P: PoolDialect>(
         false => Some(fresh_objects_of(pool, ctx, missing).await?),
     };
     let orphaned = orphaned_objects(ctx, &claims, &addresses).await?;
+    let outside = outside(pool, ctx, &claims);
     Ok(Observed {
         claims,
         addresses,
@@ -154,6 +193,7 @@ async fn observe_listed<P: PoolDialect>(
         fresh,
         orphaned,
         sight: Sight::Listed,
+        outside,
     })
 }
 

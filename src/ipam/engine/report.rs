@@ -311,6 +311,24 @@ pub(super) fn claim_event(
             Reason::PoolExhausted,
             format!("{pool} has no free address; the claim waits for one"),
         ),
+        Outcome::Refused {
+            refusal:
+                Refusal::NamespaceNotSelected {
+                    namespace,
+                    selector,
+                },
+            pool,
+            ..
+        } => {
+            let reason = Reason::NamespaceNotSelected;
+            ctx.ops
+                .metrics
+                .claim_refused(key.kind.as_str(), reason.as_str());
+            (
+                reason,
+                crate::ipam::kinds::not_selected_message(pool, namespace, selector),
+            )
+        }
         _ => return None,
     };
     ctx.ops.events.publish(claim.object_ref(), reason, note);

@@ -319,6 +319,25 @@ mod tests {
         assert!(data.contains("excludedAddresses"), "{data}");
     }
 
+    /// A global pool's namespace selector (a bitpool extension v1alpha1 has no place for)
+    /// survives a v1alpha1 client reading and writing the pool back.
+    #[test]
+    fn a_namespace_selector_survives_a_v1alpha1_round_trip() {
+        let selector = json!({
+            "matchLabels": {"tenant": "a"},
+            "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gold", "silver"]}]
+        });
+        let original = pool(
+            V1ALPHA2,
+            "GlobalInClusterIPPool",
+            json!({"addresses": ["10.0.0.1-10.0.0.9"], "prefix": 24, "namespaceSelector": selector}),
+        );
+        let old = down(original.clone());
+        assert!(old["spec"].get("namespaceSelector").is_none(), "{old}");
+        let back = up(old);
+        assert_eq!(back["spec"]["namespaceSelector"], selector, "{back}");
+    }
+
     #[test]
     fn a_stale_v1alpha1_form_is_not_restored_over_a_changed_pool() {
         let hub = up(pool(
