@@ -75,6 +75,26 @@ async fn ready_of(
     .await
 }
 
+/// The pool's NamespacesSelected condition, once it has `status` and its message says `says`.
+async fn selected_condition(
+    pools: &Api<GlobalInClusterIPPool>,
+    name: &str,
+    status: &str,
+    says: &str,
+) {
+    eventually(
+        &format!("{name}: NamespacesSelected={status} saying {says:?}"),
+        WAIT,
+        || async {
+            let pool = pools.get(name).await.ok()?;
+            pool.status?.conditions.into_iter().find(|c| {
+                c.type_ == "NamespacesSelected" && c.status == status && c.message.contains(says)
+            })
+        },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_shared_pool_serves_only_the_namespaces_it_selects() {
     let env = Env::new("tenancy").await;
@@ -105,6 +125,7 @@ async fn a_shared_pool_serves_only_the_namespaces_it_selects() {
 
     claim_in(&env, &a.name, "node", "GlobalInClusterIPPool", &name).await;
     claim_in(&env, &b.name, "node", "GlobalInClusterIPPool", &name).await;
+    selected_condition(&pools, &name, "True", "selects 1 namespace(s)").await;
     ready_of(&env, &a.name, "node", "served", |s, _| s == "True").await;
     let (_, reason, message) = ready_of(&env, &b.name, "node", "refused", |s, r| {
         s == "False" && r == "NamespaceNotSelected"
@@ -126,6 +147,7 @@ async fn a_shared_pool_serves_only_the_namespaces_it_selects() {
         s == "True"
     })
     .await;
+    selected_condition(&pools, &name, "True", "selects 2 namespace(s)").await;
 
     // The selector narrowed to another tenant: nothing held moves, new claims are refused.
     let held = |ns: String| {
@@ -159,6 +181,8 @@ async fn a_shared_pool_serves_only_the_namespaces_it_selects() {
     .await;
     let after = (held(a.name.clone()).await, held(b.name.clone()).await);
     assert_eq!(before, after, "addresses already held stay");
+    // Without the webhook (which refuses it), a selector that selects nobody says so on the pool.
+    selected_condition(&pools, &name, "False", "selects no namespace").await;
     ready_of(&env, &a.name, "node", "still served", |s, _| s == "True").await;
 }
 

@@ -1057,10 +1057,24 @@ async fn claims_from_namespaces_a_shared_pool_does_not_select_are_refused() {
     );
     let tenant = env.name().to_string();
     let shared = pool("shared", json!({"matchLabels": {"tenant": tenant}}));
+    assert_denied(
+        globals.create(&pp, &shared).await,
+        &["spec.namespaceSelector", "selects no namespace"],
+    );
+    // Once one namespace has the label, the pool is admitted; the claim's own still lacks it.
+    let other = support::TestNamespace::new(&env.client, "wh-tenant").await;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .patch(
+            &other.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tenant": tenant}}})),
+        )
+        .await
+        .expect("label a tenant's namespace");
     globals
         .create(&pp, &shared)
         .await
-        .expect("a valid selector is accepted");
+        .expect("a selector that selects a namespace is accepted");
     let name = shared.metadata.name.clone().unwrap_or_default();
     let manifest = format!(
         "apiVersion: ipam.cluster.x-k8s.io/v1beta2\nkind: IPAddressClaim\nmetadata:\n  name: outsider\n  namespace: {ns}\n  labels: {{{label}: {ns}}}\nspec:\n  poolRef: {{apiGroup: ipam.cluster.x-k8s.io, kind: GlobalInClusterIPPool, name: {name}}}\n",

@@ -16,6 +16,7 @@ use super::key::PoolKind;
 use super::kinds::{AnyClaim, ClaimKind, NewAddress};
 use super::ledger::MAX_BITMAP_BYTES;
 use super::overlaps;
+use super::tenancy::{self, Reach};
 use crate::alloc::{AddressSpace, Lease};
 use crate::api::capi::{IPAddress, IPAddressSpec, LocalObjectName};
 use crate::api::capi_pools::{
@@ -138,7 +139,42 @@ pub(super) fn set_conditions(
             objects::set_condition(conditions, overlap)
         }
     };
-    changed
+    changed | set_reach(conditions, &report.reach, generation)
+}
+
+/// The condition a cluster-scoped pool with a `namespaceSelector` carries: whether it selects
+/// any namespace (a selector that selects none serves nobody, which is rarely meant).
+pub const NAMESPACES_CONDITION: &str = "NamespacesSelected";
+
+fn set_reach(conditions: &mut Vec<Condition>, reach: &Reach, generation: Option<i64>) -> bool {
+    match reach {
+        Reach::Everyone => objects::remove_condition(conditions, NAMESPACES_CONDITION),
+        Reach::Unknown => false,
+        Reach::Selects {
+            selector,
+            namespaces: 0,
+        } => {
+            let message = tenancy::selects_nothing(selector);
+            let condition = objects::condition(
+                NAMESPACES_CONDITION,
+                false,
+                "NoNamespaceSelected",
+                message,
+                generation,
+            );
+            objects::set_condition(conditions, condition)
+        }
+        Reach::Selects {
+            selector,
+            namespaces,
+        } => {
+            let message =
+                format!("spec.namespaceSelector ({selector}) selects {namespaces} namespace(s)");
+            let condition =
+                objects::condition(NAMESPACES_CONDITION, true, "Selected", message, generation);
+            objects::set_condition(conditions, condition)
+        }
+    }
 }
 
 /// What keeps a pool from serving, or that it serves (and what it holds outside its ranges).

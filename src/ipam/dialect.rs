@@ -59,6 +59,8 @@ pub struct Report<'a> {
     pub shared: &'a [SharedAddress],
     /// Other pools whose addresses meet this one's.
     pub overlaps: &'a [Overlap],
+    /// How many namespaces the pool's `namespaceSelector` selects.
+    pub reach: super::tenancy::Reach,
 }
 
 /// What a pool kind brings to the engine. Everything here is synchronous and pure over the

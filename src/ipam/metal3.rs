@@ -354,6 +354,7 @@ mod tests {
             holders,
             shared: &[],
             overlaps: &[],
+            reach: crate::ipam::tenancy::Reach::Everyone,
         };
         let patch = pool.status_patch(&report)?;
         let mut merged = serde_json::to_value(pool.status.clone().unwrap_or_default())

@@ -46,6 +46,42 @@ impl Tenancy {
     }
 }
 
+/// How far a cluster-scoped pool's `namespaceSelector` reaches, for its `NamespacesSelected`
+/// condition and the webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// No selector (or none that parses): no condition.
+    Everyone,
+    /// This process sees one namespace only, so it cannot count the others: the condition is
+    /// left as it is.
+    Unknown,
+    /// The selector as people read it, and how many namespaces it selects now.
+    Selects { selector: String, namespaces: usize },
+}
+
+impl Tenancy {
+    /// How many of `namespaces` (each given by its labels) this tenancy selects.
+    pub fn reach<'a>(
+        &self,
+        namespaces: impl IntoIterator<Item = &'a BTreeMap<String, String>>,
+    ) -> Reach {
+        match self {
+            Self::Everyone => Reach::Everyone,
+            Self::Selected(_) => Reach::Selects {
+                selector: self.describe(),
+                namespaces: namespaces.into_iter().filter(|l| self.admits(l)).count(),
+            },
+        }
+    }
+}
+
+/// What a pool whose selector selects no namespace means for its users.
+pub fn selects_nothing(selector: &str) -> String {
+    format!(
+        "spec.namespaceSelector ({selector}) selects no namespace: the pool serves no claim until a namespace has matching labels"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,6 +100,40 @@ mod tests {
             operator: operator.into(),
             values: values.map(|v| v.iter().map(|s| s.to_string()).collect()),
         }
+    }
+
+    #[test]
+    fn the_reach_counts_the_namespaces_a_selector_selects() {
+        let namespaces = [
+            labels(&[("tenant", "a")]),
+            labels(&[("tenant", "b")]),
+            labels(&[]),
+        ];
+        let selector = LabelSelector {
+            match_labels: Some(labels(&[("tenant", "a")])),
+            ..Default::default()
+        };
+        let selected = Tenancy::of(Some(&selector)).expect("a selector");
+        assert_eq!(
+            selected.reach(&namespaces),
+            Reach::Selects {
+                selector: "tenant=a".into(),
+                namespaces: 1
+            }
+        );
+        let nobody = LabelSelector {
+            match_labels: Some(labels(&[("tenant", "c")])),
+            ..Default::default()
+        };
+        let nobody = Tenancy::of(Some(&nobody)).expect("a selector");
+        assert_eq!(
+            nobody.reach(&namespaces),
+            Reach::Selects {
+                selector: "tenant=c".into(),
+                namespaces: 0
+            }
+        );
+        assert_eq!(Tenancy::Everyone.reach(&namespaces), Reach::Everyone);
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! cluster state they need. Reads are live (not cached): an admission decision must not act on
 //! a stale view of what is allocated.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::{Client, ResourceExt};
@@ -25,8 +27,7 @@ use crate::ipam::dialect::{AddressKinds, listed_addresses};
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
 use crate::ipam::moving;
-use crate::ipam::tenancy::Tenancy;
-use k8s_openapi::api::core::v1::Namespace;
+use crate::ipam::tenancy::{self, Reach, Tenancy};
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.
@@ -95,27 +96,54 @@ impl Webhooks {
     }
 }
 
-/// A cluster-scoped pool's `namespaceSelector` that is no selector (an unknown operator, `In`
-/// without values): refused, naming the field, rather than read as "everyone".
-fn selector_problems(request: &AdmissionRequest<DynamicObject>, kind: PoolKind) -> Vec<String> {
-    let Some(object) = request.object.as_ref().filter(|_| kind.is_global()) else {
-        return Vec::new();
-    };
-    let Some(selector) = object
+/// The `namespaceSelector` of a cluster-scoped pool's object in the request (`old`: before the
+/// change), if it has one.
+fn selector_of(request: &AdmissionRequest<DynamicObject>, old: bool) -> Option<&serde_json::Value> {
+    let object = match old {
+        true => request.old_object.as_ref(),
+        false => request.object.as_ref(),
+    }?;
+    object
         .data
         .pointer("/spec/namespaceSelector")
         .filter(|s| !s.is_null())
-    else {
-        return Vec::new();
-    };
-    let parsed = serde_json::from_value(selector.clone())
-        .map_err(|e| format!("spec.namespaceSelector: {e}"))
-        .and_then(
-            |s: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector| {
-                Tenancy::of(Some(&s))
-            },
-        );
-    parsed.err().into_iter().collect()
+}
+
+impl Webhooks {
+    /// A cluster-scoped pool's `namespaceSelector` that is no selector (an unknown operator, `In`
+    /// without values), refused naming the field rather than read as "everyone"; and one that,
+    /// set or changed, selects no namespace that exists (the pool would serve nobody).
+    async fn selector_problems(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: PoolKind,
+    ) -> Verdict {
+        let Some(selector) = selector_of(request, false).filter(|_| kind.is_global()) else {
+            return Ok(Vec::new());
+        };
+        let parsed = serde_json::from_value(selector.clone())
+            .map_err(|e| format!("spec.namespaceSelector: {e}"))
+            .and_then(|s: LabelSelector| Tenancy::of(Some(&s)));
+        let tenancy = match parsed {
+            Ok(tenancy) => tenancy,
+            Err(problem) => return Ok(vec![problem]),
+        };
+        if selector_of(request, true) == Some(selector) {
+            return Ok(Vec::new()); // unchanged: namespaces come and go after it was admitted
+        }
+        let namespaces: Vec<Namespace> = list_all(&self.client, "namespaces").await?;
+        let none = BTreeMap::new();
+        let labels = namespaces
+            .iter()
+            .map(|n| n.metadata.labels.as_ref().unwrap_or(&none));
+        Ok(match tenancy.reach(labels) {
+            Reach::Selects {
+                selector,
+                namespaces: 0,
+            } => vec![tenancy::selects_nothing(&selector)],
+            _ => Vec::new(),
+        })
+    }
 }
 
 /// The pool kind of the request's object, `None` when it is not a pool.
@@ -267,7 +295,7 @@ impl Webhooks {
         if spec_unchanged(request) {
             return Ok(Vec::new());
         }
-        let mut problems = selector_problems(request, kind);
+        let mut problems = self.selector_problems(request, kind).await?;
         if request.kind.version == "v1alpha1"
             && let Some(object) = &request.object
             && let Ok(spec) =
@@ -325,7 +353,7 @@ impl Webhooks {
         let Some(spec) = spec_of(request.object.as_ref())? else {
             return Ok(Vec::new());
         };
-        let mut problems = selector_problems(request, kind);
+        let mut problems = self.selector_problems(request, kind).await?;
         let (layout, numbering) = match rules::prefix_pool(&spec) {
             Ok(valid) => valid,
             Err(found) => {

@@ -289,7 +289,7 @@ mod tests {
     };
     use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
     use crate::ipam::engine::Sight;
-    use crate::ipam::engine::read::index_by_claim;
+    use crate::ipam::engine::read::{Outside, index_by_claim};
 
     fn pool() -> InClusterIPPool {
         let mut pool = InClusterIPPool::new(
@@ -380,6 +380,8 @@ mod tests {
         known: Vec<AnyAddress>,
         fresh: Option<Vec<AnyAddress>>,
         again: bool,
+        /// Namespaces the pool's `namespaceSelector` leaves out.
+        outside: Vec<&'static str>,
     }
 
     impl Read {
@@ -409,7 +411,14 @@ mod tests {
                 fresh: self.fresh.map(|f| index_by_claim(f, &HashMap::new()).0),
                 orphaned: Vec::new(),
                 sight: Sight::Listed,
-                outside: None,
+                outside: (!self.outside.is_empty()).then(|| Outside {
+                    selector: "tenant=a".into(),
+                    namespaces: self
+                        .outside
+                        .iter()
+                        .map(|ns| std::sync::Arc::from(*ns))
+                        .collect(),
+                }),
             }
         }
     }
@@ -433,6 +442,8 @@ mod tests {
         finished: Vec<String>,
         /// `claim address` written to the claim's status.
         served: Vec<String>,
+        /// `claim refusal` written to the claim's status.
+        refused: Vec<String>,
         /// Look again at once.
         again: bool,
     }
@@ -479,6 +490,16 @@ mod tests {
                     .filter_map(|(claim, outcome)| match outcome {
                         Outcome::Allocated { address, .. } => {
                             Some(format!("{} {address}", claim.name()))
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+            ),
+            refused: sorted(
+                (batch.statuses.iter())
+                    .filter_map(|(claim, outcome)| match outcome {
+                        Outcome::Refused { refusal, .. } => {
+                            Some(format!("{} {refusal:?}", claim.name()))
                         }
                         _ => None,
                     })
@@ -663,6 +684,34 @@ mod tests {
                 Decisions {
                     unlanded: strings(&["uid-c1"]),
                     finished: strings(&["c1"]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "a claim of a namespace the selector leaves out gets no address and is told why",
+                Read {
+                    live: vec![claim("c1", None, false)],
+                    outside: vec!["ns"],
+                    ..Default::default()
+                },
+                Decisions {
+                    refused: strings(&[
+                        r#"c1 NamespaceNotSelected { namespace: "ns", selector: "tenant=a" }"#,
+                    ]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "a claim of a left-out namespace keeps the address it holds",
+                Read {
+                    live: vec![claim("c1", Some("a1"), false)],
+                    cached: vec![object("a1", "c1", "10.0.0.5", false)],
+                    outside: vec!["ns"],
+                    ..Default::default()
+                },
+                Decisions {
+                    confirm: strings(&["10.0.0.5 uid-c1"]),
+                    served: strings(&["c1 10.0.0.5"]),
                     ..Default::default()
                 },
             ),

@@ -329,7 +329,7 @@ pub(super) async fn protect_claims<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
 ) -> Result<Action, Error> {
-    tell_paused(pool, ctx).await?;
+    let told = tell_paused(pool, ctx).await?;
     let unprotected: Vec<AnyClaim> = pool
         .claims(ctx)
         .into_iter()
@@ -340,10 +340,12 @@ pub(super) async fn protect_claims<P: PoolDialect>(
         })
         .take(BATCH)
         .collect();
+    let protected = unprotected.len();
     let stale = add_claim_finalizers::<P>(ctx, unprotected)
         .await?
         .iter()
         .any(|(_, patched)| *patched == FinalizerPatch::Stale);
+    tracing::debug!(pool = %pool.key().describe(), told, protected, "paused pool: its claims wait");
     Ok(match stale {
         true => Action::requeue(Duration::from_millis(200)),
         false => Action::await_change(),
@@ -351,8 +353,8 @@ pub(super) async fn protect_claims<P: PoolDialect>(
 }
 
 /// Writes "the pool is paused" on each live claim of the pool that has no address (a claim
-/// that already says so is not written again).
-async fn tell_paused<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<(), Error> {
+/// that already says so is not written again); how many claims were told.
+async fn tell_paused<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<usize, Error> {
     let paused = Outcome::Refused {
         refusal: Refusal::Paused,
         pool: pool.key().describe(),
@@ -364,10 +366,12 @@ async fn tell_paused<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<(),
         .filter(|c| !c.deleting() && c.status_address_name().is_none())
         .filter(|c| claim_may_proceed(c, ctx))
         .take(BATCH);
+    let mut told = 0;
     for claim in waiting {
         claim.write_status(ctx, &paused).await?;
+        told += 1;
     }
-    Ok(())
+    Ok(told)
 }
 
 pub(super) fn index_addresses(addresses: Vec<AnyAddress>) -> AddressIndex {

@@ -22,6 +22,7 @@ use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
 use crate::ipam::ledger;
 use crate::ipam::overlaps::{self, Covered, Overlap};
+use crate::ipam::tenancy::{Reach, Tenancy};
 use crate::ipam::transaction;
 use crate::ops::events::Reason;
 use crate::runtime::error::Error;
@@ -63,6 +64,7 @@ pub(super) async fn report<P: PoolDialect>(
         holders: &batch.holders,
         shared: &batch.shared,
         overlaps: &overlaps,
+        reach: reach(pool, ctx),
     };
     report_shared(pool, ctx, &batch.shared);
     report_foreign(pool, ctx, &batch.foreign);
@@ -80,6 +82,24 @@ pub(super) async fn report<P: PoolDialect>(
     let next = next_check(&batch, &done, &round.observed.claims, ctx, &key);
     tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
     Ok(Action::requeue(next))
+}
+
+/// How many namespaces `pool`'s selector selects, as the namespace cache shows them; a process
+/// that watches one namespace cannot say.
+fn reach<P: PoolDialect>(pool: &P, ctx: &Context) -> Reach {
+    let Ok(tenancy) = pool.tenancy() else {
+        return Reach::Everyone; // the invalid selector is the pool's InvalidSpec
+    };
+    if tenancy != Tenancy::Everyone && ctx.settings.namespace.is_some() {
+        return Reach::Unknown;
+    }
+    let namespaces = ctx.namespaces.state();
+    let none = BTreeMap::new();
+    tenancy.reach(
+        namespaces
+            .iter()
+            .map(|n| n.metadata.labels.as_ref().unwrap_or(&none)),
+    )
 }
 
 /// What the two transactions did, as metrics, with the claims left waiting.
