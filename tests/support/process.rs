@@ -172,12 +172,22 @@ fn faketime_library() -> String {
     }
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and one this process has not handed out before: the
+/// kernel may give a released port again, and two stacks started at once once got the same one
+/// (bitpool could not listen, and another manager's webhook server answered in its place).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if given.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// SIGKILLs `victim` as soon as a watch has seen `threshold` IPAddresses of the test namespace,

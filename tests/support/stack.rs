@@ -214,12 +214,19 @@ impl Stack {
         ];
         args.extend(self.options.bitpool_args.iter().cloned());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.bitpool = Some(Bitpool::start_in(&self.kubeconfig, &self.name, &args));
+        let mut bitpool = Bitpool::start_in(&self.kubeconfig, &self.name, &args);
         wait_listening(
             self.ports[BITPOOL],
             "bitpool's webhook server listens (log: target/test-logs/bitpool-*.log)",
         )
         .await;
+        // Whoever listens must be bitpool: one that could not take its port has exited.
+        assert!(
+            bitpool.is_running(),
+            "bitpool exited at start (log: target/test-logs/bitpool-{}-*.log)",
+            self.name
+        );
+        self.bitpool = Some(bitpool);
     }
 
     /// SIGKILL to bitpool: whatever it had in flight is cut off.
