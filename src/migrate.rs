@@ -13,8 +13,9 @@ use std::net::IpAddr;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
+use crate::alloc::pool::LeaseParams;
 use crate::alloc::{self, AddressSpace, Layout};
-use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
+use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec, PoolSubnet};
 use crate::api::labels;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
 use crate::ipam::spec;
@@ -29,9 +30,21 @@ pub enum MigrateError {
         source: alloc::SpecError,
     },
     #[error(
-        "IPPool {pool}: entries use different prefixes or gateways ({details}); an InClusterIPPool has one of each, so split the pool first"
+        "IPPool {pool}: entries in subnet {subnet} use different prefixes, gateways or DNS servers ({details}); an InClusterIPPool subnet has one of each, so split the pool first"
     )]
-    MixedParameters { pool: String, details: String },
+    MixedParameters {
+        pool: String,
+        subnet: String,
+        details: String,
+    },
+    #[error(
+        "IPPool {pool}: entry {index} spans more than its subnet {subnet}; an InClusterIPPool subnet holds its addresses, so shorten the entry first"
+    )]
+    WiderThanSubnet {
+        pool: String,
+        index: usize,
+        subnet: String,
+    },
     #[error("IPPool {pool}: entry {index} is open-ended (start only); give it an end or a subnet")]
     OpenEnded { pool: String, index: usize },
     #[error("IPPool {pool}: claim {claim} holds {address}, which is not a valid address")]
@@ -66,20 +79,86 @@ fn pool_key(pool: &IPPool) -> String {
     )
 }
 
-/// The InClusterIPPool `addresses` for a Metal3 pool: each entry's range as `first-last`.
-fn entry_ranges(pool: &IPPool, layout: &alloc::pool::Layout) -> Result<Vec<String>, MigrateError> {
+/// Entries that give no end and no subnet: an InClusterIPPool lists its addresses.
+fn refuse_open_ended(pool: &IPPool) -> Result<(), MigrateError> {
+    match pool
+        .spec
+        .pools
+        .iter()
+        .position(|e| e.end.is_none() && e.subnet.is_none())
+    {
+        Some(index) => Err(MigrateError::OpenEnded {
+            pool: pool_key(pool),
+            index,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The Metal3 entries (by index) that become one InClusterIPPool subnet: the same subnet
+/// (`<lowest address>/<prefix>`), prefix, gateway and DNS servers.
+#[derive(Debug, Clone, PartialEq)]
+struct SubnetGroup {
+    bounds: (u128, u128),
+    params: LeaseParams,
+    entries: Vec<usize>,
+}
+
+/// The pool's entries grouped into subnets, in declaration order (the first becomes the
+/// InClusterIPPool's own `addresses`, the rest its `subnets`).
+fn subnet_groups(layout: &Layout, key: &str) -> Result<Vec<SubnetGroup>, MigrateError> {
     let family = layout.family;
-    let mut out = Vec::new();
-    for (index, entry) in pool.spec.pools.iter().enumerate() {
-        if entry.end.is_none() && entry.subnet.is_none() {
-            return Err(MigrateError::OpenEnded {
-                pool: pool_key(pool),
+    let mut groups: Vec<SubnetGroup> = Vec::new();
+    for (index, params) in layout.params.iter().enumerate() {
+        let mut segments = layout.segments.iter().filter(|s| s.params == index);
+        let Some(lowest) = segments.clone().map(|s| s.first).min() else {
+            continue; // every address of it is listed by an earlier entry
+        };
+        let bounds = family.subnet_bounds(lowest, params.prefix);
+        let subnet = format!("{}/{}", family.address(bounds.0), params.prefix);
+        if segments.any(|s| s.last > bounds.1) {
+            return Err(MigrateError::WiderThanSubnet {
+                pool: key.to_string(),
                 index,
+                subnet,
             });
         }
-        // The layout's segments of this entry, in order; adjacent ones are written as one range.
+        let met = groups
+            .iter_mut()
+            .find(|g| g.bounds.0 <= bounds.1 && bounds.0 <= g.bounds.1);
+        match met {
+            Some(group) if group.bounds == bounds && group.params == *params => {
+                group.entries.push(index)
+            }
+            Some(group) => {
+                let show = |p: &LeaseParams| {
+                    let via = p.gateway.map_or("none".to_string(), |g| g.to_string());
+                    let dns: Vec<String> = p.dns_servers.iter().map(ToString::to_string).collect();
+                    format!("/{} via {via}, DNS [{}]", p.prefix, dns.join(" "))
+                };
+                return Err(MigrateError::MixedParameters {
+                    pool: key.to_string(),
+                    subnet,
+                    details: format!("{}; {}", show(&group.params), show(params)),
+                });
+            }
+            None => groups.push(SubnetGroup {
+                bounds,
+                params: params.clone(),
+                entries: vec![index],
+            }),
+        }
+    }
+    Ok(groups)
+}
+
+/// A subnet's `addresses`: its entries' segments, in order, adjacent ones written as one range.
+fn group_ranges(layout: &Layout, group: &SubnetGroup) -> Vec<String> {
+    let family = layout.family;
+    let mut out = Vec::new();
+    for index in &group.entries {
         let mut runs: Vec<(u128, u128)> = Vec::new();
-        for segment in layout.segments.iter().filter(|s| s.params == index) {
+        for segment in layout.segments.iter().filter(|s| s.params == *index) {
             match runs.last_mut() {
                 Some((_, last)) if last.checked_add(1) == Some(segment.first) => {
                     *last = segment.last
@@ -87,15 +166,16 @@ fn entry_ranges(pool: &IPPool, layout: &alloc::pool::Layout) -> Result<Vec<Strin
                 _ => runs.push((segment.first, segment.last)),
             }
         }
-        for (first, last) in runs {
-            out.push(if first == last {
-                family.address(first).to_string()
-            } else {
-                format!("{}-{}", family.address(first), family.address(last))
-            });
-        }
+        out.extend(runs.into_iter().map(|(first, last)| match first == last {
+            true => family.address(first).to_string(),
+            false => format!("{}-{}", family.address(first), family.address(last)),
+        }));
     }
-    Ok(out)
+    out
+}
+
+fn strings(addresses: &[IpAddr]) -> Vec<String> {
+    addresses.iter().map(ToString::to_string).collect()
 }
 
 /// Plans the migration of `pool` whose allocated addresses are `addresses` (Metal3 IPAddress
@@ -109,7 +189,14 @@ pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, M
                 pool: key.clone(),
                 source,
             })?;
-    let (prefix, gateway) = one_subnet(&layout, &key)?;
+    refuse_open_ended(pool)?;
+    let groups = subnet_groups(&layout, &key)?;
+    let Some((own, more)) = groups.split_first() else {
+        return Err(MigrateError::InvalidPool {
+            pool: key,
+            source: alloc::SpecError::NoAddresses,
+        });
+    };
     let pinned = pinned_addresses(pool, addresses, &key)?;
     let mut meta = ObjectMeta {
         name: Some(pool.name_any()),
@@ -122,17 +209,25 @@ pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, M
             cluster.clone(),
         )]));
     }
-    let dns_servers = layout
-        .params
-        .first()
-        .map(|p| p.dns_servers.clone())
-        .unwrap_or_default();
+    let subnets = more
+        .iter()
+        .map(|group| PoolSubnet {
+            addresses: group_ranges(&layout, group),
+            prefix: i32::from(group.params.prefix),
+            gateway: group.params.gateway.map(|g| g.to_string()),
+            // The pool's own servers serve a subnet that lists none.
+            dns_servers: match group.params.dns_servers == own.params.dns_servers {
+                true => Vec::new(),
+                false => strings(&group.params.dns_servers),
+            },
+        })
+        .collect();
     let new_pool = InClusterIPPool {
         metadata: meta,
         spec: InClusterIPPoolSpec {
-            addresses: entry_ranges(pool, &layout)?,
-            prefix: i32::from(prefix),
-            gateway: gateway.map(|g| g.to_string()),
+            addresses: group_ranges(&layout, own),
+            prefix: i32::from(own.params.prefix),
+            gateway: own.params.gateway.map(|g| g.to_string()),
             // Metal3 hands out a subnet's network-adjacent and broadcast addresses: keep them.
             allocate_reserved_ip_addresses: true,
             pre_allocations: pinned
@@ -140,7 +235,8 @@ pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, M
                 .map(|(c, a)| (c.clone(), a.to_string()))
                 .collect(),
             allocation_strategy: pool.spec.allocation_strategy,
-            dns_servers: dns_servers.iter().map(ToString::to_string).collect(),
+            dns_servers: strings(&own.params.dns_servers),
+            subnets,
             ..Default::default()
         },
         status: None,
@@ -150,36 +246,6 @@ pub fn plan(pool: &IPPool, addresses: &[Metal3IPAddress]) -> Result<Migration, M
         pool: new_pool,
         pinned,
     })
-}
-
-/// The one prefix and gateway every address of the pool is handed out with: an
-/// InClusterIPPool has one of each.
-fn one_subnet(layout: &Layout, key: &str) -> Result<(u8, Option<IpAddr>), MigrateError> {
-    let mut params: Vec<_> = layout
-        .segments
-        .iter()
-        .map(|s| &layout.params[s.params])
-        .map(|p| (p.prefix, p.gateway))
-        .collect();
-    params.sort();
-    params.dedup();
-    match params[..] {
-        [one] => Ok(one),
-        _ => {
-            let details = params
-                .iter()
-                .map(|(p, g)| {
-                    let via = g.map_or("none".to_string(), |g| g.to_string());
-                    format!("/{p} via {via}")
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            Err(MigrateError::MixedParameters {
-                pool: key.to_string(),
-                details,
-            })
-        }
-    }
 }
 
 /// Every claim's address, pinned in the new pool's preAllocations: the pool's own
@@ -408,16 +474,88 @@ mod tests {
         );
     }
 
+    /// Three racks, each its own /24 with its own gateway (one with its own DNS servers): one
+    /// InClusterIPPool of three subnets, every allocation kept.
+    #[test]
+    fn a_pool_of_several_subnets_becomes_one_pool_of_as_many_subnets() {
+        let mut racks = pool(vec![
+            range("192.168.0.10", "192.168.0.20"),
+            range("192.168.1.10", "192.168.1.20"),
+            range("192.168.0.30", "192.168.0.40"),
+            range("192.168.2.10", "192.168.2.20"),
+        ]);
+        racks.spec.pools[1].gateway = Some("192.168.1.1".into());
+        racks.spec.pools[3].gateway = Some("192.168.2.1".into());
+        racks.spec.pools[3].prefix = Some(25);
+        racks.spec.pools[3].dns_servers = vec!["192.168.2.53".into()];
+        let held = [
+            ("rack0-a", "192.168.0.10"),
+            ("rack0-b", "192.168.0.35"),
+            ("rack1-a", "192.168.1.10"),
+            ("rack1-b", "192.168.1.20"),
+            ("rack2-a", "192.168.2.15"),
+        ];
+        let allocations: Vec<_> = held.iter().map(|(c, a)| address(c, a)).collect();
+        let migration = plan(&racks, &allocations).expect("migratable");
+        let spec = &migration.pool.spec;
+        assert_eq!(
+            spec.addresses,
+            ["192.168.0.10-192.168.0.20", "192.168.0.30-192.168.0.40"]
+        );
+        assert_eq!(
+            (spec.prefix, spec.gateway.as_deref()),
+            (24, Some("192.168.0.1"))
+        );
+        assert_eq!(spec.dns_servers, ["8.8.8.8"]);
+        assert_eq!(
+            spec.subnets,
+            [
+                PoolSubnet {
+                    addresses: vec!["192.168.1.10-192.168.1.20".into()],
+                    prefix: 24,
+                    gateway: Some("192.168.1.1".into()),
+                    dns_servers: Vec::new(),
+                },
+                PoolSubnet {
+                    addresses: vec!["192.168.2.10-192.168.2.20".into()],
+                    prefix: 25,
+                    gateway: Some("192.168.2.1".into()),
+                    dns_servers: vec!["192.168.2.53".into()],
+                },
+            ]
+        );
+        assert_eq!(migration.pinned.len(), held.len());
+        assert_eq!(check(&migration), Vec::new(), "no address changes");
+        // Each address comes with its own subnet's prefix and gateway.
+        let mut space = AddressSpace::capi(&spec::capi_pool(spec)).expect("a valid pool");
+        let lease = space
+            .allocate("rack2-a", None, &mut rand::rng())
+            .expect("its pinned address");
+        assert_eq!(lease.address.to_string(), "192.168.2.15");
+        assert_eq!(
+            (lease.prefix, lease.gateway.map(|g| g.to_string())),
+            (25, Some("192.168.2.1".into()))
+        );
+        assert_eq!(spec.dns_servers_for("192.168.2.15"), ["192.168.2.53"]);
+        assert_eq!(spec.dns_servers_for("192.168.1.15"), ["8.8.8.8"]);
+    }
+
     #[test]
     fn pools_that_cannot_be_expressed_are_refused_with_a_reason() {
         let mut mixed = pool(vec![
             range("192.168.0.10", "192.168.0.20"),
-            range("192.168.1.10", "192.168.1.20"),
+            range("192.168.0.30", "192.168.0.40"),
         ]);
-        mixed.spec.pools[1].gateway = Some("192.168.1.1".into());
+        mixed.spec.pools[1].gateway = Some("192.168.0.254".into());
+        let err = plan(&mixed, &[]);
+        assert!(
+            matches!(&err, Err(MigrateError::MixedParameters { subnet, .. }) if subnet == "192.168.0.0/24"),
+            "{err:?}"
+        );
+        let wide = pool(vec![range("192.168.0.10", "192.168.1.20")]);
         assert!(matches!(
-            plan(&mixed, &[]),
-            Err(MigrateError::MixedParameters { .. })
+            plan(&wide, &[]),
+            Err(MigrateError::WiderThanSubnet { index: 0, .. })
         ));
         let open = pool(vec![Metal3PoolRange {
             start: Some("192.168.0.10".into()),

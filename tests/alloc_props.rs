@@ -139,6 +139,7 @@ impl CapiCase {
                 .collect(),
             strategy,
             dns_servers: vec![],
+            subnets: vec![],
         }
     }
 

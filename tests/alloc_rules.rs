@@ -216,6 +216,7 @@ fn pool_spec_errors_name_the_bad_input() {
         (
             capi(&["10.0.0.0/24"], 33),
             SpecError::InvalidPrefix {
+                field: "prefix".into(),
                 prefix: 33,
                 family: bitpool::alloc::Family::V4,
             },
@@ -223,6 +224,7 @@ fn pool_spec_errors_name_the_bad_input() {
         (
             capi(&["10.0.0.0/24"], -1),
             SpecError::InvalidPrefix {
+                field: "prefix".into(),
                 prefix: -1,
                 family: bitpool::alloc::Family::V4,
             },
@@ -679,6 +681,7 @@ fn metal3_spec_errors() {
                 ..Default::default()
             },
             SpecError::InvalidPrefix {
+                field: "prefix".into(),
                 prefix: 64,
                 family: bitpool::alloc::Family::V4,
             },

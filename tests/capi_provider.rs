@@ -10,7 +10,7 @@ use bitpool::api::capi::{
     Cluster, ClusterSpec, IPAddress, IPAddressClaim, IPAddressSpec, LocalObjectName,
 };
 use bitpool::api::capi_pools::{
-    ADDRESS_FINALIZER, CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec,
+    ADDRESS_FINALIZER, CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec, PoolSubnet,
 };
 use bitpool::api::{AllocationStrategy, labels};
 use bitpool::ipam::moving;
@@ -40,6 +40,8 @@ trait CapiEnv {
     async fn address(&self, name: &str) -> IPAddress;
     async fn pool_counts(&self, name: &str) -> (i64, i64, i64, i64);
     async fn wait_pool_counts(&self, name: &str, expected: (i64, i64, i64, i64));
+    /// The message of the pool's Ready condition once it is False.
+    async fn wait_pool_not_ready(&self, name: &str) -> String;
     async fn wait_gone<K>(&self, api: &Api<K>, name: &str)
     where
         K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug;
@@ -135,6 +137,19 @@ impl CapiEnv for Env {
             WAIT,
             || async { (self.pool_counts(name).await == expected).then_some(()) },
         )
+        .await
+    }
+
+    async fn wait_pool_not_ready(&self, name: &str) -> String {
+        eventually(&format!("pool {name} Ready=False"), WAIT, || async {
+            let pool = self.pools().get(name).await.ok()?;
+            let ready = pool
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.status == "False").then_some(ready.message)
+        })
         .await
     }
 
@@ -307,16 +322,7 @@ async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
         )
         .await
         .expect("patch");
-    let message = eventually("pool Ready=False", WAIT, || async {
-        let pool = env.pools().get("pool").await.ok()?;
-        let ready = pool
-            .status?
-            .conditions
-            .into_iter()
-            .find(|c| c.type_ == "Ready")?;
-        (ready.status == "False").then_some(ready.message)
-    })
-    .await;
+    let message = env.wait_pool_not_ready("pool").await;
     assert!(
         message.contains("addresses[1]") && message.contains("10.3.0.x"),
         "{message}"
@@ -347,6 +353,89 @@ async fn an_invalid_pool_allocates_nothing_and_keeps_what_it_allocated() {
         .expect("patch");
     env.wait_ready("second", "True", None).await;
     assert_eq!(env.address("second").await.spec.address, "10.3.0.2");
+}
+
+/// A pool of three subnets (racks): addresses go lowest first across them, exclusions and a
+/// preallocation hold in any of them, each IPAddress has its subnet's prefix and gateway, and
+/// the counts cover all. An update that makes two subnets overlap leaves the pool serving
+/// nothing new, says which subnet, and keeps every address.
+#[tokio::test]
+async fn a_pool_of_several_subnets_serves_each_address_with_its_subnets_prefix_and_gateway() {
+    let env = Env::new("capi-subnets").await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let mut spec = with_gateway(capi_spec(&["10.7.0.10-10.7.0.11"], 24), "10.7.0.1");
+    spec.excluded_addresses = vec!["10.7.1.11".into()];
+    spec.pre_allocations = [("pinned".to_string(), "10.7.2.11".to_string())].into();
+    let rack = |addresses: &str, prefix: i32, gateway: &str| PoolSubnet {
+        addresses: vec![addresses.into()],
+        prefix,
+        gateway: Some(gateway.into()),
+        dns_servers: Vec::new(),
+    };
+    spec.subnets = vec![
+        rack("10.7.2.10-10.7.2.11", 24, "10.7.2.1"),
+        rack("10.7.1.10-10.7.1.12", 25, "10.7.1.1"),
+    ];
+    capi_pool(&env, "racks", spec).await;
+    let mut got = Vec::new();
+    for name in ["c0", "c1", "c2", "c3", "c4"] {
+        claim(&env, name, "InClusterIPPool", "racks").await;
+        env.wait_ready(name, "True", None).await;
+        let address = env.address(name).await.spec;
+        got.push((
+            address.address,
+            address.prefix,
+            address.gateway.unwrap_or_default(),
+        ));
+    }
+    claim(&env, "pinned", "InClusterIPPool", "racks").await;
+    env.wait_ready("pinned", "True", None).await;
+    let pinned = env.address("pinned").await.spec;
+    got.push((
+        pinned.address,
+        pinned.prefix,
+        pinned.gateway.unwrap_or_default(),
+    ));
+    let want: Vec<(String, i32, String)> = [
+        ("10.7.0.10", 24, "10.7.0.1"),
+        ("10.7.0.11", 24, "10.7.0.1"),
+        ("10.7.1.10", 25, "10.7.1.1"),
+        ("10.7.1.12", 25, "10.7.1.1"),
+        ("10.7.2.10", 24, "10.7.2.1"),
+        ("10.7.2.11", 24, "10.7.2.1"),
+    ]
+    .iter()
+    .map(|(a, p, g)| (a.to_string(), *p, g.to_string()))
+    .collect();
+    assert_eq!(got, want);
+    env.wait_pool_counts("racks", (6, 6, 0, 0)).await;
+    claim(&env, "c5", "InClusterIPPool", "racks").await;
+    env.wait_ready("c5", "False", Some("PoolExhausted")).await;
+
+    env.pools()
+        .patch(
+            "racks",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"subnets": [
+                {"addresses": ["10.7.2.10-10.7.2.11"], "prefix": 24, "gateway": "10.7.2.1"},
+                {"addresses": ["10.7.2.100"], "prefix": 23, "gateway": "10.7.2.1"}
+            ]}})),
+        )
+        .await
+        .expect("patch");
+    let message = env.wait_pool_not_ready("racks").await;
+    assert!(
+        message
+            .contains("subnets[1]: subnet 10.7.2.0/23 overlaps subnet 10.7.2.0/24 of subnets[0]"),
+        "{message}"
+    );
+    for (name, (address, _, _)) in ["c0", "c1", "c2", "c3", "c4"].iter().zip(&want) {
+        assert_eq!(
+            &env.address(name).await.spec.address,
+            address,
+            "{name} keeps its address"
+        );
+    }
 }
 
 #[tokio::test]
@@ -1070,6 +1159,31 @@ async fn the_api_server_bounds_bitpools_extensions() {
     refused(
         pools.create(&PostParams::default(), &dns).await,
         "spec.dnsServers",
+    );
+    let subnet = |addresses: Vec<String>| PoolSubnet {
+        addresses,
+        prefix: 24,
+        gateway: None,
+        dns_servers: Vec::new(),
+    };
+    let subnets = pool("subnets", &|s| {
+        s.subnets = vec![subnet(vec!["10.81.0.1".into()]); 65]
+    });
+    refused(
+        pools.create(&PostParams::default(), &subnets).await,
+        "spec.subnets",
+    );
+    let entries = pool("subnet-entries", &|s| {
+        s.subnets = vec![subnet(vec!["10.81.0.1".into(); 257])]
+    });
+    refused(
+        pools.create(&PostParams::default(), &entries).await,
+        "spec.subnets[0].addresses",
+    );
+    let empty = pool("empty-subnet", &|s| s.subnets = vec![subnet(Vec::new())]);
+    refused(
+        pools.create(&PostParams::default(), &empty).await,
+        "spec.subnets[0].addresses",
     );
 }
 

@@ -1,5 +1,6 @@
-//! `bitpool migrate` end to end: a Metal3 IPPool with 50 allocations becomes an InClusterIPPool,
-//! and claims re-created against it under the same names get the same addresses.
+//! `bitpool migrate` end to end: a Metal3 IPPool with 50 allocations, and one of three subnets,
+//! each becomes an InClusterIPPool, and claims re-created against it under the same names get the
+//! same addresses.
 
 mod support;
 
@@ -24,100 +25,81 @@ fn bitpool_cli(args: &[&str]) -> std::process::Output {
         .expect("run bitpool")
 }
 
-#[tokio::test]
-async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address() {
+/// One allocation metal3 ip-address-manager made: the claim (`<bmh>-<pool>`), its address,
+/// and the prefix and gateway it was handed out with.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Held {
+    claim: String,
+    address: String,
+    prefix: i32,
+    gateway: String,
+}
+
+/// Creates `pool` and the Metal3 IPAddresses of `held`, checks and applies `bitpool migrate`,
+/// then re-creates every claim against the new InClusterIPPool (newest first, so that plain
+/// lowest-first allocation would differ) and returns what the IPAddresses hold.
+async fn migrate_then_claim_again(pool: IPPool, held: &[Held]) -> Vec<Held> {
     let client = support::client().await;
     support::install_all_crds(&client).await;
     let ns = TestNamespace::new(&client, "migrate").await;
     let name = ns.name.as_str();
-
-    let pool = IPPool {
-        metadata: ObjectMeta {
-            name: Some("bmv4".into()),
-            namespace: Some(name.into()),
-            ..Default::default()
-        },
-        spec: IPPoolSpec {
-            name_prefix: "test1-bmv4".into(),
-            pools: vec![
-                Metal3PoolRange {
-                    start: Some("192.168.111.100".into()),
-                    end: Some("192.168.111.149".into()),
-                    ..Default::default()
-                },
-                Metal3PoolRange {
-                    subnet: Some("192.168.111.160/27".into()),
-                    ..Default::default()
-                },
-            ],
-            prefix: Some(24),
-            gateway: Some("192.168.111.1".into()),
-            dns_servers: vec!["192.168.111.1".into()],
-            ..Default::default()
-        },
-        status: None,
-    };
+    let pool_name = pool.metadata.name.clone().unwrap_or_default();
+    let mut pool = pool;
+    pool.metadata.namespace = Some(name.into());
     Api::<IPPool>::namespaced(client.clone(), name)
         .create(&PostParams::default(), &pool)
         .await
         .expect("create IPPool");
-    // 50 allocations as metal3 ip-address-manager made them: `<bmh>-<pool>` claim names, and
-    // addresses scattered over both entries (not the ones a fresh pool would hand out first).
     let metal3_addresses: Api<Metal3IPAddress> = Api::namespaced(client.clone(), name);
-    let mut expected = BTreeMap::new();
-    for i in 0..50u32 {
-        let address = if i % 2 == 0 {
-            format!("192.168.111.{}", 149 - i)
-        } else {
-            format!("192.168.111.{}", 161 + i / 2)
-        };
-        let claim = format!("node-{i}-bmv4");
+    let reference = |object: &str| ObjectReference {
+        name: Some(object.into()),
+        namespace: Some(name.into()),
+        ..Default::default()
+    };
+    for h in held {
         let object = Metal3IPAddress {
             metadata: ObjectMeta {
-                name: Some(format!("test1-bmv4-{}", address.replace('.', "-"))),
+                name: Some(format!(
+                    "{}-{}",
+                    pool.spec.name_prefix,
+                    h.address.replace('.', "-")
+                )),
                 namespace: Some(name.into()),
                 ..Default::default()
             },
             spec: Metal3IPAddressSpec {
-                claim: ObjectReference {
-                    name: Some(claim.clone()),
-                    namespace: Some(name.into()),
-                    ..Default::default()
-                },
-                pool: ObjectReference {
-                    name: Some("bmv4".into()),
-                    namespace: Some(name.into()),
-                    ..Default::default()
-                },
-                address: address.clone(),
-                prefix: Some(24),
-                gateway: Some("192.168.111.1".into()),
-                dns_servers: vec!["192.168.111.1".into()],
+                claim: reference(&h.claim),
+                pool: reference(&pool_name),
+                address: h.address.clone(),
+                prefix: Some(h.prefix),
+                gateway: Some(h.gateway.clone()),
+                dns_servers: pool.spec.dns_servers.clone(),
             },
         };
         metal3_addresses
             .create(&PostParams::default(), &object)
             .await
             .expect("create Metal3 IPAddress");
-        expected.insert(claim, address);
     }
 
     let check = bitpool_cli(&["migrate", "--namespace", name, "--check"]);
     let report = String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "check failed: {report}");
     assert!(
-        report.contains("50 allocation(s), every address kept"),
+        report.contains(&format!("{} allocation(s), every address kept", held.len())),
         "{report}"
     );
-
     let printed = bitpool_cli(&["migrate", "--namespace", name]);
     let yaml = String::from_utf8_lossy(&printed.stdout);
     assert!(
         printed.status.success() && yaml.contains("kind: InClusterIPPool"),
         "{yaml}"
     );
-    assert!(yaml.contains("node-0-bmv4: \"192.168.111.149\""), "{yaml}");
-
+    let first = &held[0];
+    assert!(
+        yaml.contains(&format!("{}: \"{}\"", first.claim, first.address)),
+        "{yaml}"
+    );
     let applied = bitpool_cli(&["migrate", "--namespace", name, "--apply"]);
     assert!(
         applied.status.success(),
@@ -129,7 +111,7 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
         Api::namespaced(client.clone(), name);
     pools
         .patch(
-            "bmv4",
+            &pool_name,
             &PatchParams::default(),
             &Patch::Merge(serde_json::json!({"metadata": {"labels": {WATCH_FILTER_LABEL: name}}})),
         )
@@ -138,12 +120,12 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
 
     let _bitpool = Bitpool::start(name, &[]);
     let claims: Api<IPAddressClaim> = Api::namespaced(client.clone(), name);
-    // Claims re-created against the new pool, newest host first, so that a plain lowest-first
-    // allocation would give different addresses than the preallocations do.
-    for claim in expected.keys().rev() {
+    let mut names: Vec<&str> = held.iter().map(|h| h.claim.as_str()).collect();
+    names.sort_unstable();
+    for claim in names.into_iter().rev() {
         let object = IPAddressClaim {
             metadata: ObjectMeta {
-                name: Some(claim.clone()),
+                name: Some(claim.to_string()),
                 namespace: Some(name.into()),
                 labels: Some(BTreeMap::from([(
                     WATCH_FILTER_LABEL.to_string(),
@@ -154,7 +136,7 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
             spec: IPAddressClaimSpec {
                 cluster_name: None,
                 pool_ref: IPPoolReference {
-                    name: "bmv4".into(),
+                    name: pool_name.clone(),
                     kind: "InClusterIPPool".into(),
                     api_group: "ipam.cluster.x-k8s.io".into(),
                 },
@@ -167,20 +149,126 @@ async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address(
             .expect("create claim");
     }
     let addresses: Api<IPAddress> = Api::namespaced(client.clone(), name);
-    let got: BTreeMap<String, String> =
-        eventually("50 IPAddresses", Duration::from_secs(90), || async {
-            let list = addresses.list(&Default::default()).await.ok()?;
-            (list.items.len() == 50).then(|| {
-                list.items
-                    .into_iter()
-                    .map(|a| (a.spec.claim_ref.name, a.spec.address))
-                    .collect()
-            })
+    let what = format!("{} IPAddresses", held.len());
+    let mut got: Vec<Held> = eventually(&what, Duration::from_secs(90), || async {
+        let list = addresses.list(&Default::default()).await.ok()?;
+        (list.items.len() == held.len()).then(|| {
+            list.items
+                .into_iter()
+                .map(|a| Held {
+                    claim: a.spec.claim_ref.name,
+                    address: a.spec.address,
+                    prefix: a.spec.prefix,
+                    gateway: a.spec.gateway.unwrap_or_default(),
+                })
+                .collect()
         })
-        .await;
+    })
+    .await;
+    got.sort();
+    got
+}
+
+fn sorted(mut held: Vec<Held>) -> Vec<Held> {
+    held.sort();
+    held
+}
+
+fn range(start: &str, end: &str) -> Metal3PoolRange {
+    Metal3PoolRange {
+        start: Some(start.into()),
+        end: Some(end.into()),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_metal3_pool_with_50_allocations_migrates_without_changing_an_address() {
+    let pool = IPPool {
+        metadata: ObjectMeta {
+            name: Some("bmv4".into()),
+            ..Default::default()
+        },
+        spec: IPPoolSpec {
+            name_prefix: "test1-bmv4".into(),
+            pools: vec![
+                range("192.168.111.100", "192.168.111.149"),
+                Metal3PoolRange {
+                    subnet: Some("192.168.111.160/27".into()),
+                    ..Default::default()
+                },
+            ],
+            prefix: Some(24),
+            gateway: Some("192.168.111.1".into()),
+            dns_servers: vec!["192.168.111.1".into()],
+            ..Default::default()
+        },
+        status: None,
+    };
+    // Addresses scattered over both entries (not the ones a fresh pool would hand out first).
+    let held: Vec<Held> = (0..50u32)
+        .map(|i| Held {
+            claim: format!("node-{i}-bmv4"),
+            address: match i % 2 {
+                0 => format!("192.168.111.{}", 149 - i),
+                _ => format!("192.168.111.{}", 161 + i / 2),
+            },
+            prefix: 24,
+            gateway: "192.168.111.1".into(),
+        })
+        .collect();
+    let got = migrate_then_claim_again(pool, &held).await;
     assert_eq!(
-        got, expected,
+        got,
+        sorted(held),
         "every claim got the address it had before the migration"
+    );
+}
+
+/// A pool of three racks, each its own subnet with its own prefix and gateway (the shape
+/// Metal3 users have, which an InClusterIPPool of one subnet could not take): one
+/// InClusterIPPool with two further `subnets`, every address kept, each IPAddress with its
+/// subnet's prefix and gateway.
+#[tokio::test]
+async fn a_metal3_pool_of_three_subnets_migrates_without_changing_an_address() {
+    let mut entries = vec![
+        range("10.40.0.10", "10.40.0.30"),
+        range("10.40.1.10", "10.40.1.30"),
+        range("10.40.2.10", "10.40.2.30"),
+    ];
+    entries[1].gateway = Some("10.40.1.1".into());
+    entries[2].gateway = Some("10.40.2.1".into());
+    entries[2].prefix = Some(25);
+    let pool = IPPool {
+        metadata: ObjectMeta {
+            name: Some("racks".into()),
+            ..Default::default()
+        },
+        spec: IPPoolSpec {
+            name_prefix: "test1-racks".into(),
+            pools: entries,
+            prefix: Some(24),
+            gateway: Some("10.40.0.1".into()),
+            ..Default::default()
+        },
+        status: None,
+    };
+    let held: Vec<Held> = (0..12u32)
+        .map(|i| {
+            let rack = i % 3;
+            Held {
+                claim: format!("node-{i}-racks"),
+                address: format!("10.40.{rack}.{}", 30 - i),
+                prefix: if rack == 2 { 25 } else { 24 },
+                gateway: format!("10.40.{rack}.1"),
+            }
+        })
+        .collect();
+    let got = migrate_then_claim_again(pool, &held).await;
+    assert_eq!(
+        got,
+        sorted(held),
+        "every claim got its address, with its subnet's prefix and gateway"
     );
 }
 

@@ -210,6 +210,35 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
         "{output}"
     );
 
+    // A pool's further subnets: problems name the subnet and the rule.
+    let manifest = format!(
+        "apiVersion: ipam.cluster.x-k8s.io/v1alpha2\nkind: InClusterIPPool\nmetadata:\n  name: racks\n  namespace: {ns}\n  labels: {{cluster.x-k8s.io/watch-filter: {ns}}}\nspec:\n  addresses: [10.1.0.10-10.1.0.20]\n  prefix: 24\n  gateway: 10.1.0.1\n  subnets:\n  - {{addresses: [10.1.1.10-10.1.1.20], prefix: 24, gateway: 10.1.1.1}}\n  - {{addresses: [10.1.1.100], prefix: 25, gateway: 10.1.1.1}}\n",
+        ns = env.name()
+    );
+    let (ok, output) = kubectl(&["apply", "-f", "-"], &manifest);
+    assert!(
+        !ok && output.contains(
+            "spec.subnets[1]: subnet 10.1.1.0/25 overlaps subnet 10.1.1.0/24 of subnets[0]"
+        ),
+        "{output}"
+    );
+    let gateway_outside = manifest
+        .replace(
+            "prefix: 25, gateway: 10.1.1.1",
+            "prefix: 24, gateway: 10.1.3.1",
+        )
+        .replace("10.1.1.100]", "10.1.2.100]");
+    let (ok, output) = kubectl(&["apply", "-f", "-"], &gateway_outside);
+    assert!(
+        !ok && output.contains(
+            "spec.subnets[1].gateway: gateway 10.1.3.1 is outside its subnet 10.1.2.0/24"
+        ),
+        "{output}"
+    );
+    let fixed = gateway_outside.replace("gateway: 10.1.3.1", "gateway: 10.1.2.1");
+    let (ok, output) = kubectl(&["apply", "-f", "-"], &fixed);
+    assert!(ok, "a pool of three valid subnets is admitted: {output}");
+
     let mut metal3 = metal3_spec("10.2.0.1", "10.2.0.9", 24);
     metal3.pre_allocations = [("c".to_string(), "10.2.0.50".to_string())].into();
     let ippool = IPPool {

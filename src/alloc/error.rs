@@ -27,15 +27,38 @@ pub enum SpecError {
     #[error("the pool has no addresses")]
     NoAddresses,
     #[error(
-        "{field}: {value:?} is outside the pool's subnet {subnet} (its lowest address and prefix); a pool's addresses belong to one subnet"
+        "{field}: {value:?} is outside the subnet {subnet} (the lowest address of its list, and its prefix); a list's addresses belong to one subnet, and a pool's other subnets go in spec.subnets"
     )]
     OutsideSubnet {
         field: String,
         value: String,
         subnet: String,
     },
-    #[error("prefix {prefix} is not valid for {family} (0 to {})", family.bits())]
-    InvalidPrefix { prefix: i64, family: Family },
+    #[error("{field}: a subnet needs at least one address")]
+    NoAddressesIn { field: String },
+    #[error(
+        "{field}: gateway {value} is outside its subnet {subnet}; a subnet's gateway is one of its own addresses (or an IPv6 link-local one)"
+    )]
+    GatewayOutsideSubnet {
+        field: String,
+        value: IpAddr,
+        subnet: String,
+    },
+    #[error(
+        "{field}: subnet {subnet} overlaps subnet {other_subnet} of {other}; a pool's subnets are apart"
+    )]
+    SubnetsOverlap {
+        field: String,
+        subnet: String,
+        other: String,
+        other_subnet: String,
+    },
+    #[error("{field}: prefix {prefix} is not valid for {family} (0 to {})", family.bits())]
+    InvalidPrefix {
+        field: String,
+        prefix: i64,
+        family: Family,
+    },
     #[error("pools[{index}]: an entry needs a start or a subnet")]
     EntryWithoutStart { index: usize },
     #[error("{field}: {value:?} is not network aligned (its host bits are not zero)")]

@@ -17,6 +17,6 @@ pub mod space;
 
 pub use error::{AllocError, SpecError};
 pub use family::{Family, parse_address, parse_subnet};
-pub use pool::{CapiPool, Layout, Metal3Entry, Metal3Pool, Strategy};
+pub use pool::{CapiPool, CapiSubnet, Layout, Metal3Entry, Metal3Pool, Strategy};
 pub use prefix::{Numbering, PrefixPool};
 pub use space::{AddressSpace, Counts, Lease, Marked};

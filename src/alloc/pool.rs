@@ -32,6 +32,19 @@ pub struct CapiPool {
     pub pre_allocations: BTreeMap<String, String>,
     pub strategy: Strategy,
     pub dns_servers: Vec<String>,
+    /// Further subnets, each with its own prefix, gateway and DNS servers (`addresses`,
+    /// `prefix`, `gateway` and `dnsServers` above are the first).
+    pub subnets: Vec<CapiSubnet>,
+}
+
+/// One of a CAPI pool's further subnets (`spec.subnets[i]`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CapiSubnet {
+    pub addresses: Vec<String>,
+    pub prefix: i64,
+    pub gateway: Option<String>,
+    /// Empty: the pool's.
+    pub dns_servers: Vec<String>,
 }
 
 /// A Metal3 IPPool spec.
@@ -312,11 +325,12 @@ fn addresses(
         .collect()
 }
 
-fn prefix(value: i64, family: Family) -> Result<u8, SpecError> {
+fn prefix(field: &str, value: i64, family: Family) -> Result<u8, SpecError> {
     u8::try_from(value)
         .ok()
         .filter(|p| *p <= family.bits())
-        .ok_or(SpecError::InvalidPrefix {
+        .ok_or_else(|| SpecError::InvalidPrefix {
+            field: field.to_string(),
             prefix: value,
             family,
         })
@@ -374,10 +388,28 @@ pub(super) fn place_pre_allocations(
     Ok((out, out_of_bounds))
 }
 
-/// What a CAPI pool keeps out of its addresses (as ranges of values), and its gateway.
-struct Removed {
+/// One subnet of a CAPI pool, validated: where its fields are (`""` or `subnets[i].`), its
+/// bounds `<lowest address>/<prefix>`, its addresses, and what its addresses are handed out with.
+struct SubnetLayout {
+    field: String,
+    bounds: (u128, u128),
     ranges: Vec<(u128, u128)>,
-    gateway: Option<IpAddr>,
+    params: LeaseParams,
+}
+
+impl SubnetLayout {
+    fn describe(&self, family: Family) -> String {
+        format!("{}/{}", family.address(self.bounds.0), self.params.prefix)
+    }
+}
+
+/// A subnet as written, with its fields' path (`""` for the pool's own fields).
+struct SubnetSpec<'a> {
+    field: String,
+    addresses: &'a [String],
+    prefix: i64,
+    gateway: Option<&'a str>,
+    dns_servers: &'a [String],
 }
 
 impl CapiPool {
@@ -396,45 +428,56 @@ impl CapiPool {
             .filter(|range| range.family == family)
             .map(|range| range.first)
             .min()?;
-        let prefix = prefix(self.prefix, family).ok()?;
+        let prefix = prefix("prefix", self.prefix, family).ok()?;
         let (first, last) = family.subnet_bounds(lowest, prefix);
         let value = family::to_value(gateway);
         (value < first || value > last).then(|| format!("{}/{prefix}", family.address(first)))
     }
 
-    /// The in-cluster provider's rules: entries sorted and merged, minus `excludedAddresses`,
-    /// minus the network address of `<lowest address>/<prefix>` (and on IPv4 its broadcast
-    /// address) unless `allocateReservedIPAddresses`, minus the gateway (wherever it is).
+    /// The in-cluster provider's rules, per subnet: a subnet is `<lowest address>/<prefix>` and
+    /// holds all of its list's addresses; its network address (and on IPv4 its broadcast
+    /// address) is kept out unless `allocateReservedIPAddresses`. Across the pool: subnets do not
+    /// overlap, `excludedAddresses` and every gateway are kept out, and addresses are handed
+    /// out lowest first, whichever subnet they are in.
     pub fn layout(&self) -> Result<Layout, SpecError> {
         let mut families = FamilyCheck { family: None };
-        let (family, pool) = self.entries(&mut families)?;
-        let prefix = prefix(self.prefix, family)?;
-        // The subnet is `<lowest address>/<prefix>`; every entry must lie in it (upstream's
-        // "provided address belongs to a different subnet than others").
-        let subnet = family.subnet_bounds(pool[0].0, prefix);
-        for (i, text) in self.addresses.iter().enumerate() {
-            let range = entry(format!("addresses[{i}]"), text)?;
-            if range.first < subnet.0 || range.last > subnet.1 {
-                return Err(SpecError::OutsideSubnet {
-                    field: format!("addresses[{i}]"),
-                    value: text.clone(),
-                    subnet: format!("{}/{prefix}", family.address(subnet.0)),
-                });
-            }
+        let mut subnets = Vec::with_capacity(1 + self.subnets.len());
+        for subnet in self.subnet_specs() {
+            subnets.push(subnet_layout(&subnet, &mut families)?);
         }
-        let Removed {
-            ranges: removed,
-            gateway,
-        } = self.removed(&mut families, family, subnet)?;
-        let dns_servers = addresses("dnsServers", &self.dns_servers, &mut families)?;
-        let segments: Vec<Segment> = subtract(&pool, &normalize(removed))
-            .into_iter()
-            .map(|(first, last)| Segment {
+        let family = families.family.ok_or(SpecError::NoAddresses)?;
+        no_overlap(&subnets, family)?;
+        let mut removed = families.ranges("excludedAddresses", &self.excluded_addresses)?;
+        let pool_dns = addresses("dnsServers", &self.dns_servers, &mut families)?;
+        for subnet in subnets
+            .iter_mut()
+            .filter(|s| s.params.dns_servers.is_empty())
+        {
+            subnet.params.dns_servers = pool_dns.clone();
+        }
+        for subnet in &subnets {
+            removed.extend(subnet.params.gateway.map(|g| {
+                let value = family::to_value(g);
+                (value, value)
+            }));
+        }
+        let mut segments = Vec::new();
+        for (i, subnet) in subnets.iter().enumerate() {
+            let mut kept_out = removed.clone();
+            if !self.allocate_reserved {
+                kept_out.push((subnet.bounds.0, subnet.bounds.0));
+                if family == Family::V4 {
+                    kept_out.push((subnet.bounds.1, subnet.bounds.1));
+                }
+            }
+            let kept = subtract(&subnet.ranges, &normalize(kept_out));
+            segments.extend(kept.into_iter().map(|(first, last)| Segment {
                 first,
                 last,
-                params: 0,
-            })
-            .collect();
+                params: i,
+            }));
+        }
+        segments.sort_unstable_by_key(|s| s.first);
         let (pre_allocations, pre_allocations_outside) = pre_allocations(
             &self.pre_allocations,
             &mut families,
@@ -446,60 +489,111 @@ impl CapiPool {
             order: Order::Address,
             strategy: self.strategy,
             segments,
-            params: vec![LeaseParams {
-                prefix,
-                gateway,
-                dns_servers,
-            }],
+            params: subnets.into_iter().map(|s| s.params).collect(),
             pre_allocations,
             pre_allocations_outside,
         })
     }
 
-    /// The family of `addresses` and their ranges, sorted and merged.
-    fn entries(
-        &self,
-        families: &mut FamilyCheck,
-    ) -> Result<(Family, Vec<(u128, u128)>), SpecError> {
-        let ranges = families.ranges("addresses", &self.addresses)?;
-        let family = families.family.ok_or(SpecError::NoAddresses)?;
-        Ok((family, normalize(ranges)))
+    /// The pool's own subnet, then `subnets` in order.
+    fn subnet_specs(&self) -> impl Iterator<Item = SubnetSpec<'_>> {
+        let own = SubnetSpec {
+            field: String::new(),
+            addresses: &self.addresses,
+            prefix: self.prefix,
+            gateway: self.gateway.as_deref(),
+            dns_servers: &[],
+        };
+        let more = self.subnets.iter().enumerate().map(|(i, s)| SubnetSpec {
+            field: format!("subnets[{i}]."),
+            addresses: &s.addresses,
+            prefix: s.prefix,
+            gateway: s.gateway.as_deref(),
+            dns_servers: &s.dns_servers,
+        });
+        std::iter::once(own).chain(more)
     }
+}
 
-    /// What is never handed out: `excludedAddresses`, the subnet's network address (and on
-    /// IPv4 its broadcast address) unless `allocateReservedIPAddresses`, and the gateway, which
-    /// is returned too.
-    fn removed(
-        &self,
-        families: &mut FamilyCheck,
-        family: Family,
-        (network, broadcast): (u128, u128),
-    ) -> Result<Removed, SpecError> {
-        let mut removed = families.ranges("excludedAddresses", &self.excluded_addresses)?;
-        if !self.allocate_reserved {
-            removed.push((network, network));
-            if family == Family::V4 {
-                removed.push((broadcast, broadcast));
-            }
+/// A subnet's layout: every entry inside `<lowest address>/<prefix>`, its gateway parsed
+/// (inside the subnet, for `subnets[i]`; the pool's own may lie anywhere, as upstream has it),
+/// and its own DNS servers (the pool's are filled in where it has none).
+fn subnet_layout(
+    subnet: &SubnetSpec,
+    families: &mut FamilyCheck,
+) -> Result<SubnetLayout, SpecError> {
+    let field = |name: &str| format!("{}{name}", subnet.field);
+    let ranges = normalize(families.ranges(&field("addresses"), subnet.addresses)?);
+    let (Some(family), Some(lowest)) = (families.family, ranges.first()) else {
+        return Err(match subnet.field.as_str() {
+            "" => SpecError::NoAddresses,
+            _ => SpecError::NoAddressesIn {
+                field: field("addresses"),
+            },
+        });
+    };
+    let length = prefix(&field("prefix"), subnet.prefix, family)?;
+    let bounds = family.subnet_bounds(lowest.0, length);
+    let written = format!("{}/{length}", family.address(bounds.0));
+    for (i, text) in subnet.addresses.iter().enumerate() {
+        let range = entry(field(&format!("addresses[{i}]")), text)?;
+        if range.first < bounds.0 || range.last > bounds.1 {
+            return Err(SpecError::OutsideSubnet {
+                field: field(&format!("addresses[{i}]")),
+                value: text.clone(),
+                subnet: written,
+            });
         }
-        let gateway = self
-            .gateway
-            .as_deref()
-            .filter(|g| !g.is_empty())
-            .map(|g| address("gateway", g, families))
-            .transpose()?;
-        // Upstream asks only that the gateway parse and be of the pool's family: a gateway
-        // outside the subnet (an IPv6 link-local one, a router of another segment) is valid,
-        // and is kept out of the addresses wherever it is.
-        if let Some(gateway) = gateway {
-            let value = family::to_value(gateway);
-            removed.push((value, value));
-        }
-        Ok(Removed {
-            ranges: removed,
-            gateway,
-        })
     }
+    let gateway = subnet
+        .gateway
+        .filter(|g| !g.is_empty())
+        .map(|g| address(&field("gateway"), g, families))
+        .transpose()?;
+    if let Some(gateway) = gateway.filter(|_| !subnet.field.is_empty()) {
+        let value = family::to_value(gateway);
+        let link_local = matches!(gateway, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        if (value < bounds.0 || value > bounds.1) && !link_local {
+            return Err(SpecError::GatewayOutsideSubnet {
+                field: field("gateway"),
+                value: gateway,
+                subnet: written,
+            });
+        }
+    }
+    let dns = addresses(&field("dnsServers"), subnet.dns_servers, families)?;
+    Ok(SubnetLayout {
+        field: subnet.field.trim_end_matches('.').to_string(),
+        bounds,
+        ranges,
+        params: LeaseParams {
+            prefix: length,
+            gateway,
+            dns_servers: dns,
+        },
+    })
+}
+
+/// Two subnets of one pool whose bounds meet: refused, naming the later one.
+fn no_overlap(subnets: &[SubnetLayout], family: Family) -> Result<(), SpecError> {
+    for (i, later) in subnets.iter().enumerate() {
+        let met = subnets[..i].iter().find(|earlier| {
+            earlier.bounds.0 <= later.bounds.1 && later.bounds.0 <= earlier.bounds.1
+        });
+        if let Some(earlier) = met {
+            let other = match earlier.field.as_str() {
+                "" => "addresses".to_string(),
+                field => field.to_string(),
+            };
+            return Err(SpecError::SubnetsOverlap {
+                field: later.field.clone(),
+                subnet: later.describe(family),
+                other,
+                other_subnet: earlier.describe(family),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Metal3Pool {
@@ -584,8 +678,12 @@ impl Metal3Pool {
             .filter(|p| *p != 0)
             .or(self.prefix.filter(|p| *p != 0))
             .unwrap_or_else(|| subnet.map_or(0, |(_, length)| i64::from(length)));
+        let prefix_field = match e.prefix.filter(|p| *p != 0) {
+            Some(_) => field("prefix"),
+            None => "prefix".to_string(),
+        };
         let params = LeaseParams {
-            prefix: prefix(entry_prefix, family)?,
+            prefix: prefix(&prefix_field, entry_prefix, family)?,
             gateway,
             dns_servers: if dns.is_empty() {
                 pool_dns.to_vec()
@@ -614,6 +712,119 @@ mod tests {
             vec![(0, u128::MAX - 1)]
         );
         assert_eq!(subtract(&[(5, 9)], &[(1, 2), (11, 12)]), vec![(5, 9)]);
+    }
+
+    fn subnet(addresses: &[&str], prefix: i64, gateway: Option<&str>) -> CapiSubnet {
+        CapiSubnet {
+            addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            prefix,
+            gateway: gateway.map(str::to_string),
+            dns_servers: Vec::new(),
+        }
+    }
+
+    fn racks(subnets: Vec<CapiSubnet>) -> CapiPool {
+        CapiPool {
+            addresses: vec!["10.0.1.0/24".into()],
+            prefix: 24,
+            gateway: Some("10.0.1.1".into()),
+            dns_servers: vec!["10.0.0.53".into()],
+            subnets,
+            ..Default::default()
+        }
+    }
+
+    fn v4(text: &str) -> u128 {
+        family::to_value(text.parse().expect("an address"))
+    }
+
+    /// Each subnet keeps out its own network and broadcast addresses and gateway; segments run
+    /// lowest first whichever subnet they are in, each with its subnet's lease parameters.
+    #[test]
+    fn a_pool_of_several_subnets_hands_out_each_with_its_own_parameters() {
+        let mut lower = subnet(&["10.0.0.0/25"], 25, Some("10.0.0.126"));
+        lower.dns_servers = vec!["10.0.0.54".into()];
+        let pool = racks(vec![lower, subnet(&["10.0.2.10-10.0.2.20"], 24, None)]);
+        let layout = pool.layout().expect("a valid pool");
+        let segments: Vec<(u128, u128, usize)> = layout
+            .segments
+            .iter()
+            .map(|s| (s.first, s.last, s.params))
+            .collect();
+        assert_eq!(
+            segments,
+            [
+                (v4("10.0.0.1"), v4("10.0.0.125"), 1),
+                (v4("10.0.1.2"), v4("10.0.1.254"), 0),
+                (v4("10.0.2.10"), v4("10.0.2.20"), 2),
+            ]
+        );
+        let gateway = |p: &LeaseParams| p.gateway.map(|g| g.to_string());
+        let params: Vec<(u8, Option<String>, usize)> = layout
+            .params
+            .iter()
+            .map(|p| (p.prefix, gateway(p), p.dns_servers.len()))
+            .collect();
+        assert_eq!(
+            params,
+            [
+                (24, Some("10.0.1.1".into()), 1),
+                (25, Some("10.0.0.126".into()), 1),
+                (24, None, 1),
+            ]
+        );
+        assert_eq!(layout.params[1].dns_servers[0].to_string(), "10.0.0.54");
+        assert_eq!(layout.params[2].dns_servers[0].to_string(), "10.0.0.53");
+    }
+
+    #[test]
+    fn subnets_that_are_not_apart_or_not_whole_are_refused_naming_the_subnet() {
+        let error = |subnets| racks(subnets).layout().expect_err("invalid").to_string();
+        assert_eq!(
+            error(vec![subnet(&["10.0.1.128/25"], 25, None)]),
+            "subnets[0]: subnet 10.0.1.128/25 overlaps subnet 10.0.1.0/24 of addresses; a pool's subnets are apart"
+        );
+        assert_eq!(
+            error(vec![
+                subnet(&["10.0.2.5"], 24, None),
+                subnet(&["10.0.2.9"], 23, None)
+            ]),
+            "subnets[1]: subnet 10.0.2.0/23 overlaps subnet 10.0.2.0/24 of subnets[0]; a pool's subnets are apart"
+        );
+        assert!(
+            error(vec![subnet(&["10.0.2.5"], 24, Some("10.0.3.1"))]).starts_with(
+                "subnets[0].gateway: gateway 10.0.3.1 is outside its subnet 10.0.2.0/24"
+            )
+        );
+        assert!(
+            error(vec![subnet(&["10.0.2.5", "10.0.3.5"], 24, None)]).starts_with(
+                "subnets[0].addresses[1]: \"10.0.3.5\" is outside the subnet 10.0.2.0/24"
+            )
+        );
+        assert_eq!(
+            error(vec![subnet(&[], 24, None)]),
+            "subnets[0].addresses: a subnet needs at least one address"
+        );
+        assert!(
+            error(vec![subnet(&["10.0.2.5"], 33, None)])
+                .starts_with("subnets[0].prefix: prefix 33 is not valid for IPv4")
+        );
+        assert!(error(vec![subnet(&["fd00::5"], 64, None)]).starts_with("subnets[0].addresses[0]"));
+    }
+
+    #[test]
+    fn an_ipv6_subnet_may_name_a_link_local_gateway() {
+        let pool = CapiPool {
+            addresses: vec!["fd00:1::10-fd00:1::20".into()],
+            prefix: 64,
+            subnets: vec![subnet(&["fd00:2::10-fd00:2::20"], 64, Some("fe80::1"))],
+            ..Default::default()
+        };
+        let layout = pool.layout().expect("a valid pool");
+        assert_eq!(
+            layout.params[1].gateway.map(|g| g.to_string()).as_deref(),
+            Some("fe80::1")
+        );
     }
 
     #[test]

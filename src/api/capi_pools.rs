@@ -1,7 +1,7 @@
 //! bitpool's CAPI pools: InClusterIPPool (namespaced) and GlobalInClusterIPPool (cluster-scoped),
 //! `ipam.cluster.x-k8s.io/v1alpha2`, field for field the in-cluster provider's, plus optional
-//! extensions (`preAllocations`, `allocationStrategy`, `dnsServers`, `status.conditions`) that
-//! leave upstream manifests valid unchanged.
+//! extensions (`preAllocations`, `allocationStrategy`, `dnsServers`, `subnets`,
+//! `status.conditions`) that leave upstream manifests valid unchanged.
 
 use std::collections::BTreeMap;
 
@@ -76,6 +76,50 @@ pub struct InClusterIPPoolSpec {
     #[schemars(schema_with = "super::schema::optional_enum::<AllocationStrategy>")]
     pub allocation_strategy: Option<AllocationStrategy>,
     /// bitpool extension: DNS servers rendered for networks on this pool (the CAPI contract has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(max = 45)))]
+    pub dns_servers: Vec<String>,
+    /// bitpool extension: further subnets of the pool, each with its own addresses, prefix,
+    /// gateway and DNS servers (`addresses`, `prefix`, `gateway` and `dnsServers` are the
+    /// first). Addresses are handed out lowest first across all of them; an IPAddress carries
+    /// the prefix and gateway of the subnet its address is in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub subnets: Vec<PoolSubnet>,
+}
+
+impl InClusterIPPoolSpec {
+    /// The DNS servers that go with `address`: those of the subnet it is in, else the pool's
+    /// (the CAPI contract carries no DNS, so renderers read them from the pool).
+    pub fn dns_servers_for(&self, address: &str) -> &[String] {
+        use crate::alloc::family::{parse_address, parse_entry, to_value};
+        let Some(value) = parse_address(address).map(to_value) else {
+            return &self.dns_servers;
+        };
+        let holds =
+            |entry: &String| parse_entry(entry).is_ok_and(|r| r.first <= value && value <= r.last);
+        self.subnets
+            .iter()
+            .find(|s| !s.dns_servers.is_empty() && s.addresses.iter().any(holds))
+            .map_or(&self.dns_servers, |s| &s.dns_servers)
+    }
+}
+
+/// One further subnet of an InClusterIPPool or GlobalInClusterIPPool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolSubnet {
+    /// Addresses to hand out in this subnet: single IPs, ranges `a-b`, or CIDRs; all inside
+    /// `<lowest address>/<prefix>`.
+    #[schemars(length(min = 1, max = 256), inner(length(max = 91)))]
+    pub addresses: Vec<String>,
+    /// The prefix length of this subnet's addresses.
+    #[schemars(range(min = 0, max = 128))]
+    pub prefix: i32,
+    /// This subnet's gateway, inside it (or an IPv6 link-local address); never handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+    /// DNS servers rendered for addresses of this subnet; the pool's `dnsServers` when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16), inner(length(max = 45)))]
     pub dns_servers: Vec<String>,

@@ -17,6 +17,16 @@ pub fn capi_pool(spec: &InClusterIPPoolSpec) -> alloc::CapiPool {
         pre_allocations: spec.pre_allocations.clone(),
         strategy: AllocationStrategy::for_core(spec.allocation_strategy),
         dns_servers: spec.dns_servers.clone(),
+        subnets: spec
+            .subnets
+            .iter()
+            .map(|s| alloc::CapiSubnet {
+                addresses: s.addresses.clone(),
+                prefix: i64::from(s.prefix),
+                gateway: s.gateway.clone(),
+                dns_servers: s.dns_servers.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -709,25 +709,33 @@ fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -
         address: address.address.to_string(),
         prefix: address.prefix.unwrap_or(0),
         gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
-        dns_servers: capi_pool_dns(ctx, reference, namespace),
+        dns_servers: capi_pool_dns(ctx, reference, namespace, &address.address),
     })
 }
 
-/// The CAPI contract carries no DNS; bitpool's own pools may list servers in `dnsServers`.
-fn capi_pool_dns(ctx: &Context, reference: &PoolReference, namespace: &str) -> Vec<String> {
+/// The CAPI contract carries no DNS; bitpool's own pools may list servers in `dnsServers`, per
+/// subnet.
+fn capi_pool_dns(
+    ctx: &Context,
+    reference: &PoolReference,
+    namespace: &str,
+    address: &str,
+) -> Vec<String> {
     if reference.api_group != capi::GROUP {
         return vec![];
     }
+    let dns =
+        |spec: &crate::api::capi_pools::InClusterIPPoolSpec| spec.dns_servers_for(address).to_vec();
     match reference.kind.as_str() {
         "InClusterIPPool" => ctx
             .pools
             .get(&ObjectRef::new(&reference.name).within(namespace))
-            .map(|p| p.spec.dns_servers.clone())
+            .map(|p| dns(&p.spec))
             .unwrap_or_default(),
         "GlobalInClusterIPPool" => ctx
             .global_pools
             .get(&ObjectRef::new(&reference.name))
-            .map(|p| p.spec.pool.dns_servers.clone())
+            .map(|p| dns(&p.spec.pool))
             .unwrap_or_default(),
         _ => vec![],
     }

@@ -46,6 +46,11 @@ fn upstream_phrase(error: &SpecError) -> Option<&'static str> {
 }
 
 fn spec_error(error: &SpecError) -> String {
+    let detail = error.to_string();
+    // `spec.subnets` is bitpool's: upstream has no words for its errors, which name the field.
+    if detail.starts_with("subnets[") {
+        return format!("spec.{detail}");
+    }
     match upstream_phrase(error) {
         Some(phrase) => format!("spec: {phrase}: {error}"),
         None => format!("spec: {error}"),
@@ -620,6 +625,41 @@ mod tests {
         outside.pre_allocations = [("a".into(), "10.0.0.200".into())].into();
         assert!(problems(capi_pool(&outside)).contains("is not in the pool"));
         assert!(capi_pool(&capi(&["10.0.0.10-10.0.0.20"], 24, Some("10.0.0.1"))).is_ok());
+    }
+
+    /// A problem in `spec.subnets` names the subnet and the rule, in bitpool's words only.
+    #[test]
+    fn subnet_problems_name_the_subnet() {
+        let with = |addresses: &[&str], prefix: i32, gateway: Option<&str>| {
+            let mut spec = capi(&["10.0.0.10-10.0.0.20"], 24, Some("10.0.0.1"));
+            spec.subnets = vec![crate::api::capi_pools::PoolSubnet {
+                addresses: addresses.iter().map(|a| a.to_string()).collect(),
+                prefix,
+                gateway: gateway.map(str::to_string),
+                dns_servers: Vec::new(),
+            }];
+            spec
+        };
+        assert!(capi_pool(&with(&["10.0.1.10-10.0.1.20"], 24, Some("10.0.1.1"))).is_ok());
+        let cases = [
+            (
+                with(&["10.0.0.100"], 24, None),
+                "spec.subnets[0]: subnet 10.0.0.0/24 overlaps subnet 10.0.0.0/24 of addresses",
+            ),
+            (
+                with(&["10.0.1.10"], 24, Some("10.0.2.1")),
+                "spec.subnets[0].gateway: gateway 10.0.2.1 is outside its subnet 10.0.1.0/24",
+            ),
+            (
+                with(&["10.0.1.10", "10.0.5.1"], 24, None),
+                "spec.subnets[0].addresses[1]: \"10.0.5.1\" is outside the subnet 10.0.1.0/24",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let found = problems(capi_pool(&spec));
+            assert!(found.starts_with(expected), "{found}");
+            assert!(!found.contains("provided"), "no upstream words: {found}");
+        }
     }
 
     fn metal3(pools: Vec<Metal3PoolRange>) -> IPPoolSpec {

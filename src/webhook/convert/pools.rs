@@ -338,6 +338,26 @@ mod tests {
         assert_eq!(back["spec"]["namespaceSelector"], selector, "{back}");
     }
 
+    /// A pool's further subnets (a bitpool extension v1alpha1 has no place for) survive a
+    /// v1alpha1 client reading and writing the pool back, as written.
+    #[test]
+    fn subnets_survive_a_v1alpha1_round_trip() {
+        let subnets = json!([
+            {"addresses": ["10.0.2.10-10.0.2.20"], "prefix": 24, "gateway": "10.0.2.1"},
+            {"addresses": ["10.0.3.0/25"], "prefix": 25, "dnsServers": ["10.0.3.53"]}
+        ]);
+        let original = pool(
+            V1ALPHA2,
+            "InClusterIPPool",
+            json!({"addresses": ["10.0.1.10-10.0.1.20"], "prefix": 24, "gateway": "10.0.1.1", "subnets": subnets}),
+        );
+        let old = down(original.clone());
+        assert!(old["spec"].get("subnets").is_none(), "{old}");
+        let back = up(old);
+        assert_eq!(back["spec"]["subnets"], subnets, "{back}");
+        assert_eq!(back["spec"]["addresses"], original["spec"]["addresses"]);
+    }
+
     #[test]
     fn a_stale_v1alpha1_form_is_not_restored_over_a_changed_pool() {
         let hub = up(pool(
