@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use bitpool::alloc::Strategy as Allocation;
-use bitpool::alloc::{AddressSpace, AllocError, CapiPool, Marked, Metal3Entry, Metal3Pool, family};
+use bitpool::alloc::{
+    AddressSpace, AllocError, CapiPool, CapiSubnet, Marked, Metal3Entry, Metal3Pool, family,
+};
 use proptest::prelude::*;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
@@ -472,6 +474,91 @@ proptest! {
         let pool: BTreeSet<u128> = order.iter().copied().collect();
         let mut model = Model { pool, pre: BTreeMap::new(), used: BTreeSet::new(), out_of_range: BTreeSet::new() };
         run(&mut space, &mut model, base, &ops, Some(&order))?;
+    }
+
+    /// A pool of several subnets (each an 8-address block of the window, its own gateway):
+    /// lowest first across all of them, each address handed out with its own subnet's prefix
+    /// and gateway, exclusions and network/broadcast addresses per subnet kept out.
+    #[test]
+    fn capi_subnets_hand_out_lowest_first_with_their_own_parameters(
+        v6 in any::<bool>(),
+        subnets in prop::sample::subsequence((0..WINDOW / 8).collect::<Vec<u128>>(), 1..=3)
+            .prop_shuffle()
+            .prop_flat_map(|blocks| {
+                let n = blocks.len();
+                (
+                    Just(blocks),
+                    prop::collection::vec(prop::collection::vec((0u128..8, 0u128..8), 1..3), n),
+                    prop::collection::vec(prop::option::of(0u128..8), n),
+                )
+            }),
+        excluded in prop::collection::vec(entry_spec(), 0..3),
+        allocate_reserved in any::<bool>(),
+        ops in ops(),
+    ) {
+        let base = Base { v6 };
+        let (blocks, entries, gateways) = subnets;
+        let texts = |k: usize| -> Vec<String> {
+            entries[k]
+                .iter()
+                .map(|(a, b)| EntrySpec::Range(blocks[k] * 8 + a.min(b), blocks[k] * 8 + a.max(b)).text(base))
+                .collect()
+        };
+        let gateway = |k: usize| gateways[k].map(|g| blocks[k] * 8 + g);
+        let prefix = i64::from(base.bits()) - 3;
+        let spec = CapiPool {
+            addresses: texts(0),
+            prefix,
+            gateway: gateway(0).map(|g| base.text(g)),
+            excluded_addresses: excluded.iter().map(|e| e.text(base)).collect(),
+            allocate_reserved,
+            subnets: (1..blocks.len())
+                .map(|k| CapiSubnet {
+                    addresses: texts(k),
+                    prefix,
+                    gateway: gateway(k).map(|g| base.text(g)),
+                    dns_servers: vec![],
+                })
+                .collect(),
+            ..Default::default()
+        };
+        // The model: which subnet each address is in, then what is kept out.
+        let mut subnet_of: BTreeMap<u128, usize> = BTreeMap::new();
+        for (k, block) in blocks.iter().enumerate() {
+            for (a, b) in &entries[k] {
+                for o in block * 8 + a.min(b)..=block * 8 + a.max(b) {
+                    subnet_of.insert(o, k);
+                }
+            }
+            if !allocate_reserved {
+                subnet_of.remove(&(block * 8));
+                if !v6 {
+                    subnet_of.remove(&(block * 8 + 7));
+                }
+            }
+        }
+        for k in 0..blocks.len() {
+            if let Some(g) = gateway(k) {
+                subnet_of.remove(&g);
+            }
+        }
+        for e in &excluded {
+            for m in e.members() {
+                subnet_of.remove(&m);
+            }
+        }
+        let built = AddressSpace::capi(&spec);
+        let mut space = built.map_err(|e| TestCaseError::fail(format!("valid spec rejected: {e}")))?;
+        let pool: BTreeSet<u128> = subnet_of.keys().copied().collect();
+        let order: Vec<u128> = pool.iter().copied().collect();
+        let mut model = Model { pool, pre: BTreeMap::new(), used: BTreeSet::new(), out_of_range: BTreeSet::new() };
+        run(&mut space, &mut model, base, &ops, Some(&order))?;
+        for o in &model.used {
+            let lease = space.lease(base.addr(*o)).expect("a lease for an address of the pool");
+            let k = subnet_of[o];
+            prop_assert_eq!(i64::from(lease.prefix), prefix);
+            prop_assert_eq!(lease.gateway, gateway(k).map(|g| base.addr(g)), "{} is in subnet {}", lease.address, k);
+        }
     }
 
     /// No input panics or hangs: arbitrary text in every field, arbitrary prefixes.

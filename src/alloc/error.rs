@@ -27,7 +27,7 @@ pub enum SpecError {
     #[error("the pool has no addresses")]
     NoAddresses,
     #[error(
-        "{field}: {value:?} is outside the subnet {subnet} (the lowest address of its list, and its prefix); a list's addresses belong to one subnet, and a pool's other subnets go in spec.subnets"
+        "{field}: {value:?} is outside the pool's subnet {subnet} (the lowest address of its list, and its prefix); addresses of another subnet go in spec.subnets"
     )]
     OutsideSubnet {
         field: String,

@@ -798,7 +798,7 @@ mod tests {
         );
         assert!(
             error(vec![subnet(&["10.0.2.5", "10.0.3.5"], 24, None)]).starts_with(
-                "subnets[0].addresses[1]: \"10.0.3.5\" is outside the subnet 10.0.2.0/24"
+                "subnets[0].addresses[1]: \"10.0.3.5\" is outside the pool's subnet 10.0.2.0/24"
             )
         );
         assert_eq!(

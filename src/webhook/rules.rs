@@ -652,7 +652,7 @@ mod tests {
             ),
             (
                 with(&["10.0.1.10", "10.0.5.1"], 24, None),
-                "spec.subnets[0].addresses[1]: \"10.0.5.1\" is outside the subnet 10.0.1.0/24",
+                "spec.subnets[0].addresses[1]: \"10.0.5.1\" is outside the pool's subnet 10.0.1.0/24",
             ),
         ];
         for (spec, expected) in cases {
