@@ -87,10 +87,13 @@ pub(super) async fn report<P: PoolDialect>(
 /// How many namespaces `pool`'s selector selects, as the namespace cache shows them; a process
 /// that watches one namespace cannot say.
 fn reach<P: PoolDialect>(pool: &P, ctx: &Context) -> Reach {
-    let Ok(tenancy) = pool.tenancy() else {
-        return Reach::Everyone; // the invalid selector is the pool's InvalidSpec
+    // An invalid selector is the pool's InvalidSpec; no selector, no condition (and no walk
+    // over the namespaces on every reconcile of every pool).
+    let tenancy = match pool.tenancy() {
+        Ok(Tenancy::Everyone) | Err(_) => return Reach::Everyone,
+        Ok(selected) => selected,
     };
-    if tenancy != Tenancy::Everyone && ctx.settings.namespace.is_some() {
+    if ctx.settings.namespace.is_some() {
         return Reach::Unknown;
     }
     let namespaces = ctx.namespaces.state();
