@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
@@ -73,6 +74,12 @@ impl Tenancy {
             },
         }
     }
+}
+
+/// The labels of `namespace` (none: empty), as [`Tenancy::admits`] and [`Tenancy::reach`] take them.
+pub fn labels(namespace: &Namespace) -> &BTreeMap<String, String> {
+    static NONE: BTreeMap<String, String> = BTreeMap::new();
+    namespace.metadata.labels.as_ref().unwrap_or(&NONE)
 }
 
 /// What a pool whose selector selects no namespace means for its users.

@@ -202,13 +202,9 @@ impl Context {
         }
     }
 
-    /// The labels of `namespace`, if the cache holds it.
-    pub fn namespace_labels(
-        &self,
-        namespace: &str,
-    ) -> Option<std::collections::BTreeMap<String, String>> {
-        let found = self.namespaces.get(&ObjectRef::new(namespace))?;
-        Some(found.metadata.labels.clone().unwrap_or_default())
+    /// The namespace `name`, if the cache holds it.
+    pub fn namespace(&self, name: &str) -> Option<std::sync::Arc<Namespace>> {
+        self.namespaces.get(&ObjectRef::new(name))
     }
 
     /// Records a failed reconcile of `object` and says when to retry it: soon for transient

@@ -2,7 +2,7 @@
 //! cluster state they need. Reads are live (not cached): an admission decision must not act on
 //! a stale view of what is allocated.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -132,17 +132,15 @@ impl Webhooks {
             return Ok(Vec::new()); // unchanged: namespaces come and go after it was admitted
         }
         let namespaces: Vec<Namespace> = list_all(&self.client, "namespaces").await?;
-        let none = BTreeMap::new();
-        let labels = namespaces
-            .iter()
-            .map(|n| n.metadata.labels.as_ref().unwrap_or(&none));
-        Ok(match tenancy.reach(labels) {
-            Reach::Selects {
-                selector,
-                namespaces: 0,
-            } => vec![tenancy::selects_nothing(&selector)],
-            _ => Vec::new(),
-        })
+        Ok(
+            match tenancy.reach(namespaces.iter().map(tenancy::labels)) {
+                Reach::Selects {
+                    selector,
+                    namespaces: 0,
+                } => vec![tenancy::selects_nothing(&selector)],
+                _ => Vec::new(),
+            },
+        )
     }
 }
 
@@ -785,15 +783,15 @@ impl Webhooks {
         if tenancy == Tenancy::Everyone {
             return Ok(Vec::new());
         }
-        let labels = get(&Api::<Namespace>::all(client), namespace)
+        // A namespace not found has no labels.
+        let found = get(&Api::<Namespace>::all(client), namespace)
             .await?
-            .and_then(|n| n.metadata.labels)
             .unwrap_or_default();
         Ok(rules::claim_namespace(
             &key.describe(),
             &tenancy,
             namespace,
-            &labels,
+            tenancy::labels(&found),
         ))
     }
 

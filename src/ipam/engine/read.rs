@@ -15,6 +15,7 @@ use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
 use crate::ipam::intent::Refusal;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
+use crate::ipam::tenancy::{self, Tenancy};
 use crate::ipam::{moving, transaction};
 use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
@@ -73,18 +74,19 @@ pub(super) fn outside<P: PoolDialect>(
     claims: &Selected,
 ) -> Option<Outside> {
     let tenancy = pool.tenancy().ok()?;
-    if tenancy == crate::ipam::tenancy::Tenancy::Everyone {
+    if tenancy == Tenancy::Everyone {
         return None;
     }
-    let namespaces = claims
+    // Each namespace judged once, however many claims it has.
+    let mut namespaces: HashSet<Arc<str>> = claims
         .live
         .iter()
         .map(|c| c.meta.namespace.clone())
-        .filter(|ns| {
-            !ctx.namespace_labels(ns)
-                .is_some_and(|labels| tenancy.admits(&labels))
-        })
         .collect();
+    namespaces.retain(|ns| {
+        !ctx.namespace(ns)
+            .is_some_and(|n| tenancy.admits(tenancy::labels(&n)))
+    });
     Some(Outside {
         selector: tenancy.describe(),
         namespaces,

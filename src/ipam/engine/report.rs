@@ -22,7 +22,7 @@ use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
 use crate::ipam::ledger;
 use crate::ipam::overlaps::{self, Covered, Overlap};
-use crate::ipam::tenancy::{Reach, Tenancy};
+use crate::ipam::tenancy::{self, Reach, Tenancy};
 use crate::ipam::transaction;
 use crate::ops::events::Reason;
 use crate::runtime::error::Error;
@@ -97,12 +97,7 @@ fn reach<P: PoolDialect>(pool: &P, ctx: &Context) -> Reach {
         return Reach::Unknown;
     }
     let namespaces = ctx.namespaces.state();
-    let none = BTreeMap::new();
-    tenancy.reach(
-        namespaces
-            .iter()
-            .map(|n| n.metadata.labels.as_ref().unwrap_or(&none)),
-    )
+    tenancy.reach(namespaces.iter().map(|n| tenancy::labels(n)))
 }
 
 /// What the two transactions did, as metrics, with the claims left waiting.
