@@ -523,7 +523,9 @@ fn subnet_layout(
     families: &mut FamilyCheck,
 ) -> Result<SubnetLayout, SpecError> {
     let field = |name: &str| format!("{}{name}", subnet.field);
-    let ranges = normalize(families.ranges(&field("addresses"), subnet.addresses)?);
+    // One range per entry, in the order written (the field names the entry).
+    let written_ranges = families.ranges(&field("addresses"), subnet.addresses)?;
+    let ranges = normalize(written_ranges.clone());
     let (Some(family), Some(lowest)) = (families.family, ranges.first()) else {
         return Err(match subnet.field.as_str() {
             "" => SpecError::NoAddresses,
@@ -535,15 +537,15 @@ fn subnet_layout(
     let length = prefix(&field("prefix"), subnet.prefix, family)?;
     let bounds = family.subnet_bounds(lowest.0, length);
     let written = format!("{}/{length}", family.address(bounds.0));
-    for (i, text) in subnet.addresses.iter().enumerate() {
-        let range = entry(field(&format!("addresses[{i}]")), text)?;
-        if range.first < bounds.0 || range.last > bounds.1 {
-            return Err(SpecError::OutsideSubnet {
-                field: field(&format!("addresses[{i}]")),
-                value: text.clone(),
-                subnet: written,
-            });
-        }
+    let outside = written_ranges
+        .iter()
+        .position(|(first, last)| *first < bounds.0 || *last > bounds.1);
+    if let Some(i) = outside {
+        return Err(SpecError::OutsideSubnet {
+            field: field(&format!("addresses[{i}]")),
+            value: subnet.addresses[i].clone(),
+            subnet: written,
+        });
     }
     let gateway = subnet
         .gateway
