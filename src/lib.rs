@@ -7,6 +7,7 @@
 //!   a controller runs, errors and their retry policy, small object operations.
 //! - [`ipam`]: the IPAM engine: pools of every kind, their ledgers, the migration proxy.
 //! - [`manager`]: the one place that knows every subsystem, and wires and runs them.
+//! - [`endpoint`]: a cluster's control-plane endpoint from a pool.
 //! - [`metal3data`]: the Metal3Data reconciler (templates, indexes, claims, rendered secrets).
 //! - [`render`]: a host's metaData and networkData from its template, as CAPM3 writes them.
 //! - [`migrate`]: Metal3 IPPools to InClusterIPPools without changing an address.
@@ -21,6 +22,7 @@ pub mod api;
 pub mod cli;
 pub mod client;
 pub mod crds;
+pub mod endpoint;
 pub mod inspect;
 pub mod ipam;
 pub mod manager;

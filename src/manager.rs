@@ -17,6 +17,7 @@ use crate::api::capi_pools::{
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool};
+use crate::endpoint;
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
@@ -51,6 +52,7 @@ struct Controllers {
     templates: Option<Controller<Metal3DataTemplate>>,
     orphan_data_claims: Option<Controller<Metal3DataClaim>>,
     datas: Option<Controller<Metal3Data>>,
+    endpoints: Option<Controller<Cluster>>,
 }
 
 impl Controllers {
@@ -109,6 +111,10 @@ impl Controllers {
                 groups.metal3_data,
                 metal3data::data_controller(datas, data_claims, caches, ctx),
             ),
+            endpoints: on.when(
+                groups.capi_ipam || groups.metal3_pools(),
+                endpoint_controller(caches, ctx),
+            ),
         }
     }
 
@@ -141,7 +147,8 @@ impl Controllers {
                 ctx,
             ),
         );
-        future::join(ipam, rest).await;
+        let endpoints = run_controller(self.endpoints, all, endpoint::controller::reconcile, ctx);
+        future::join3(ipam, rest, endpoints).await;
     }
 }
 
@@ -206,6 +213,30 @@ where
         stand_in,
     );
     Controller::for_shared_stream(triggers, store)
+}
+
+/// The Clusters that name an endpoint pool ([`endpoint`]), triggered by their changes and those
+/// of their endpoint claims and the claims' address objects. `None` without Cluster API core.
+fn endpoint_controller(caches: &Caches, ctx: &Arc<Context>) -> Option<Controller<Cluster>> {
+    let clusters = caches.clusters.as_ref()?;
+    let cluster_of = |claim: &ClaimObject| {
+        let cluster = endpoint::reference::cluster_of_claim(|key| claim.meta.label(key))?;
+        Some(ObjectRef::<Cluster>::new(cluster).within(&claim.meta.namespace))
+    };
+    let claims = ctx.claims.clone();
+    let controller = Controller::for_shared_stream(clusters.subscribe()?, clusters.store.clone())
+        .reconcile_on(triggered_by(
+            caches.claims.index.subscribe(),
+            move |claim| cluster_of(&claim),
+        ))
+        .reconcile_on(triggered_by(
+            caches.addresses.index.subscribe(),
+            move |address| {
+                let claim = claims.get(&address.meta.namespace, &address.claim)?;
+                cluster_of(&claim)
+            },
+        ));
+    Some(controller)
 }
 
 /// The Metal3 IPPool a proxy claim works for: the pool of the IPClaim that owns it.

@@ -111,6 +111,12 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
             &["update"],
         ));
     }
+    if groups.capi_ipam || groups.metal3_pools() {
+        // A Cluster that names an endpoint pool: its endpoint claim is made (by the controller,
+        // or by the Metal3Cluster webhook) and its `spec.controlPlaneEndpoint` written.
+        rules.push(rule(CAPI_IPAM, &["ipaddressclaims"], &["create"]));
+        rules.push(rule("cluster.x-k8s.io", &["clusters"], &["patch"]));
+    }
     if groups.metal3_kinds() {
         rules.push(rule(METAL3_IPAM, &["ippools"], WATCH));
         rules.push(rule(
@@ -426,7 +432,10 @@ mod tests {
             "patch"
         ));
         assert!(allows(CAPI_ONLY, CAPI_IPAM, "ipaddresses", "create"));
-        assert!(!allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "create"));
+        // Endpoint claims, for Clusters that name an endpoint pool; never a claim deleted.
+        assert!(allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "create"));
+        assert!(!allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "delete"));
+        assert!(allows(CAPI_ONLY, "cluster.x-k8s.io", "clusters", "patch"));
         assert!(!allows(CAPI_ONLY, METAL3_IPAM, "ipclaims", "list"));
         assert!(!allows(CAPI_ONLY, "", "secrets", "get"));
         assert!(!allows(CAPI_ONLY, INFRASTRUCTURE, "metal3datas", "list"));

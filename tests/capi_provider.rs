@@ -69,6 +69,7 @@ impl CapiEnv for Env {
             },
             spec: ClusterSpec {
                 paused: Some(paused),
+                ..Default::default()
             },
         };
         Api::<Cluster>::namespaced(self.client.clone(), self.name())

@@ -770,7 +770,10 @@ async fn a_pool_naming_its_cluster_is_labelled_owned_and_paused_with_it() {
             namespace: Some(env.name().into()),
             ..Default::default()
         },
-        spec: bitpool::api::capi::ClusterSpec { paused: Some(true) },
+        spec: bitpool::api::capi::ClusterSpec {
+            paused: Some(true),
+            ..Default::default()
+        },
     };
     let cluster = clusters
         .create(&PostParams::default(), &cluster)

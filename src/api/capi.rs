@@ -154,11 +154,36 @@ pub struct IPAddressSpec {
     pub gateway: Option<String>,
 }
 
-/// The part of a CAPI Cluster that bitpool reads: whether it is paused.
+/// The part of a CAPI Cluster that bitpool reads: whether it is paused, and its control-plane
+/// endpoint (filled from a pool when the Cluster names one: [`crate::endpoint`]).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<ApiEndpoint>,
+    /// Its infrastructure cluster (a Metal3Cluster takes its endpoint from its Cluster's pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure_ref: Option<InfrastructureReference>,
+}
+
+/// The kind and name of a Cluster's infrastructure cluster (both versions have these two).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct InfrastructureReference {
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+/// Where a cluster's API server listens (the same shape in v1beta1 and v1beta2).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ApiEndpoint {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
 }
 
 /// The part of a CAPI Machine that bitpool reads; its labels and annotations feed metaData.

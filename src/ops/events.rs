@@ -40,6 +40,12 @@ pub enum Reason {
     ForeignAddress,
     /// A pool's namespace selector leaves a claim's namespace out.
     NamespaceNotSelected,
+    /// A Cluster's control-plane endpoint was written from its pool.
+    ControlPlaneEndpointSet,
+    /// A Cluster's control-plane endpoint waits for its address, or is not the one claimed.
+    ControlPlaneEndpointPending,
+    /// A Cluster's endpoint pool annotation names no address pool.
+    InvalidEndpointPool,
 }
 
 impl Reason {
@@ -53,31 +59,41 @@ impl Reason {
             Reason::PoolsOverlap => "PoolsOverlap",
             Reason::ForeignAddress => "ForeignAddress",
             Reason::NamespaceNotSelected => "NamespaceNotSelected",
+            Reason::ControlPlaneEndpointSet => "ControlPlaneEndpointSet",
+            Reason::ControlPlaneEndpointPending => "ControlPlaneEndpointPending",
+            Reason::InvalidEndpointPool => "InvalidEndpointPool",
         }
     }
 
     fn event_type(self) -> EventType {
         match self {
-            Reason::AddressAllocated | Reason::AddressReleased => EventType::Normal,
+            Reason::AddressAllocated
+            | Reason::AddressReleased
+            | Reason::ControlPlaneEndpointSet => EventType::Normal,
             Reason::PoolExhausted
             | Reason::InvalidSpec
             | Reason::DuplicateAddress
             | Reason::PoolsOverlap
             | Reason::ForeignAddress
-            | Reason::NamespaceNotSelected => EventType::Warning,
+            | Reason::NamespaceNotSelected
+            | Reason::ControlPlaneEndpointPending
+            | Reason::InvalidEndpointPool => EventType::Warning,
         }
     }
 
     fn action(self) -> &'static str {
         match self {
-            Reason::AddressAllocated | Reason::PoolExhausted | Reason::NamespaceNotSelected => {
-                "Allocate"
-            }
+            Reason::AddressAllocated
+            | Reason::PoolExhausted
+            | Reason::NamespaceNotSelected
+            | Reason::ControlPlaneEndpointSet
+            | Reason::ControlPlaneEndpointPending => "Allocate",
             Reason::AddressReleased => "Release",
             Reason::InvalidSpec
             | Reason::DuplicateAddress
             | Reason::PoolsOverlap
-            | Reason::ForeignAddress => "Validate",
+            | Reason::ForeignAddress
+            | Reason::InvalidEndpointPool => "Validate",
         }
     }
 }
