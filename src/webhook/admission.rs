@@ -56,6 +56,9 @@ impl Webhooks {
             .map_err(|e: kube::core::admission::ConvertAdmissionReviewError| e.to_string())?;
         let response = AdmissionResponse::from(&request);
         let response = match phase {
+            Phase::Mutate if request.kind.kind == "Metal3Cluster" => {
+                self.metal3_cluster(&request, response).await
+            }
             Phase::Mutate => mutate(&request, response),
             Phase::Validate => match self.validate(&request).await {
                 Ok(problems) if problems.is_empty() => warn(&request, response),
@@ -91,6 +94,7 @@ impl Webhooks {
             (capi::GROUP, "IPAddress") => self.address_writer(request).await,
             (capi::GROUP, "IPAddressClaim") => self.capi_claim(request).await,
             ("infrastructure.cluster.x-k8s.io", "Metal3DataTemplate") => data_template(request),
+            ("cluster.x-k8s.io", "Cluster") => self.cluster(request).await,
             _ => Ok(Vec::new()),
         }
     }

@@ -6,10 +6,12 @@
 //!   (allocated addresses, the pool a claim names) they need;
 //! - [`convert`]: the routing of every ConversionReview, to the v1alpha1 ↔ v1alpha2 pool
 //!   conversion and the v1beta1 ↔ v1beta2 conversion of the Metal3Data kinds;
+//! - [`endpoint`]: a Metal3Cluster's endpoint filled from its pool, a Cluster's pool checked;
 //! - [`writers`]: who may create the address objects of a pool bitpool allocates from.
 
 pub mod admission;
 pub mod convert;
+pub mod endpoint;
 pub mod rules;
 pub mod server;
 pub mod writers;

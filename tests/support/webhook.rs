@@ -120,44 +120,77 @@ pub struct Registered {
 }
 
 /// Every webhook configuration bitpool ships, whichever components file carries it.
-pub const MANIFESTS: [&str; 3] = [
+pub const MANIFESTS: [&str; 4] = [
     "config/webhook/capi/manifests.yaml",
+    "config/webhook/endpoint/manifests.yaml",
     "config/webhook/metal3/manifests.yaml",
     "config/webhook/metal3data/manifests.yaml",
 ];
+
+/// The webhook configurations of a manifests file (`path`, from the repository's root or
+/// absolute), as documents.
+pub fn read_manifests(path: &std::path::Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(root().join(path))
+        .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_saphyr::from_multiple::<serde_json::Value>(&text)
+        .unwrap_or_else(|e| panic!("{} parses: {e}", path.display()))
+}
+
+/// Registers webhook configurations `documents`, named `<prefix>-<i>`, each webhook calling
+/// what `client_config` makes of its service path, limited by `object_selector` if given;
+/// returns the kinds and names made.
+pub async fn register(
+    client: &Client,
+    documents: Vec<serde_json::Value>,
+    prefix: &str,
+    client_config: impl Fn(&str) -> WebhookClientConfig,
+    object_selector: Option<serde_json::Value>,
+) -> Vec<(String, String)> {
+    let params = PatchParams::apply("bitpool-test").force();
+    let mut made = Vec::new();
+    for (i, mut document) in documents.into_iter().enumerate() {
+        let kind = document["kind"].as_str().unwrap_or_default().to_string();
+        let name = format!("{prefix}-{i}");
+        document["metadata"]["name"] = name.clone().into();
+        for hook in document["webhooks"].as_array_mut().into_iter().flatten() {
+            let path = hook["clientConfig"]["service"]["path"].clone();
+            let config = client_config(path.as_str().unwrap_or_default());
+            hook["clientConfig"] = serde_json::to_value(config).expect("client config");
+            if let Some(selector) = &object_selector {
+                hook["objectSelector"] = selector.clone();
+            }
+        }
+        let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind);
+        let resource = ApiResource::from_gvk(&gvk);
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        api.patch(&name, &params, &Patch::Apply(&document))
+            .await
+            .unwrap_or_else(|e| panic!("register {kind}: {e}"));
+        made.push((kind, name));
+    }
+    made
+}
 
 impl Registered {
     pub async fn new(env: &Env, served: &Served) -> Self {
         static REGISTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = REGISTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let mut made = Vec::new();
-        let params = PatchParams::apply("bitpool-test").force();
-        let documents = MANIFESTS.iter().flat_map(|file| {
-            let text = std::fs::read_to_string(root().join(file))
-                .unwrap_or_else(|e| panic!("read {file}: {e}"));
-            serde_saphyr::from_multiple::<serde_json::Value>(&text)
-                .unwrap_or_else(|e| panic!("{file} parses: {e}"))
-        });
-        for (i, mut document) in documents.enumerate() {
-            let kind = document["kind"].as_str().unwrap_or_default().to_string();
-            let name = format!("bitpool-test-{}-{n}-{i}", env.name());
-            document["metadata"]["name"] = name.clone().into();
-            for hook in document["webhooks"].as_array_mut().into_iter().flatten() {
-                let path = hook["clientConfig"]["service"]["path"].clone();
-                let config = served.client_config(path.as_str().unwrap_or_default());
-                hook["clientConfig"] = serde_json::to_value(config).expect("client config");
-                hook["objectSelector"] = serde_json::json!({"matchLabels": {
-                    bitpool::runtime::WATCH_FILTER_LABEL: env.name()
-                }});
-            }
-            let gvk = kube::api::GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", &kind);
-            let resource = ApiResource::from_gvk(&gvk);
-            let api: Api<DynamicObject> = Api::all_with(env.client.clone(), &resource);
-            api.patch(&name, &params, &Patch::Apply(&document))
-                .await
-                .unwrap_or_else(|e| panic!("register {kind}: {e}"));
-            made.push((kind, name));
-        }
+        let documents = MANIFESTS
+            .iter()
+            .flat_map(|file| read_manifests(std::path::Path::new(file)))
+            .collect();
+        let selector = serde_json::json!({"matchLabels": {
+            bitpool::runtime::WATCH_FILTER_LABEL: env.name()
+        }});
+        let prefix = format!("bitpool-test-{}-{n}", env.name());
+        let made = register(
+            &env.client,
+            documents,
+            &prefix,
+            |path| served.client_config(path),
+            Some(selector),
+        )
+        .await;
         Self { made }
     }
 }
