@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The upstream CRDs the tests install (Cluster API at its current and 1.10 releases, the in-cluster
 # provider's pools, Metal3 IPAM, CAPM3, BareMetalHost), taken from the `config/crd` folders of the
-# upstream Go modules at the versions pinned in hack/versions.env, downloaded through the Go module
+# upstream Go modules at the versions pinned in hack/versions.env (and CAPM3's admission webhook
+# configuration, which tests/capm3.rs registers), downloaded through the Go module
 # proxy and verified against hack/upstream/go.sum. Cached under $BITPOOL_CACHE_DIR; prints the folder.
 #
 #   hack/upstream-crds.sh          fetch (once) and print the folder
@@ -25,6 +26,7 @@ in-cluster                  sigs.k8s.io/cluster-api-ipam-provider-in-cluster@$BI
 ip-address-manager          github.com/metal3-io/ip-address-manager@$BITPOOL_METAL3_IPAM_VERSION            config/crd/bases       *
 cluster-api-provider-metal3 github.com/metal3-io/cluster-api-provider-metal3@$BITPOOL_CAPM3_VERSION         config/crd/bases       *
 baremetal-operator          github.com/metal3-io/baremetal-operator@$BITPOOL_BMO_VERSION                    config/base/crds/bases metal3.io_baremetalhosts.yaml
+capm3-webhooks              github.com/metal3-io/cluster-api-provider-metal3@$BITPOOL_CAPM3_VERSION         config/webhook         manifests.yaml
 "
 
 # One JSON field of `go mod download -json`.

@@ -13,8 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -22,7 +27,7 @@ use support::plane::Dedicated;
 use support::process::free_port;
 use support::stack::{Manager, manager_args};
 use support::wait::wait_listening;
-use support::webhook::Certs;
+use support::webhook::{Certs, read_manifests, register};
 use support::{Bitpool, dynamic, eventually, read_crds};
 
 const NS: &str = "metal3";
@@ -83,8 +88,10 @@ fn start_capm3(kubeconfig: &std::path::Path, certs: &Certs, port: u16, name: &st
 struct Metal3Plane {
     client: Client,
     kubeconfig: PathBuf,
+    /// CAPM3's webhook server.
+    capm3_port: u16,
     _capm3: Manager,
-    _certs: Certs,
+    certs: Certs,
     _plane: Dedicated,
 }
 
@@ -111,8 +118,9 @@ impl Metal3Plane {
         Self {
             client,
             kubeconfig: plane.kubeconfig.clone(),
+            capm3_port: port,
             _capm3: capm3,
-            _certs: certs,
+            certs,
             _plane: plane,
         }
     }
@@ -657,6 +665,459 @@ async fn bitpool_renders_the_data_of_a_template_handed_over_beside_capm3() {
             data.name_any()
         );
     }
+    drop(bitpool);
+    drop(plane);
+}
+
+/// What a Cluster names for its endpoint (`ipam.bitpool.dev/control-plane-endpoint-pool`).
+const ENDPOINT_POOL: &str = bitpool::endpoint::reference::POOL_ANNOTATION;
+/// The pool of control-plane endpoints in the endpoint test: three addresses.
+const VIPS: &str = "vips";
+
+/// CAPM3's own admission webhooks (its module's `config/webhook/manifests.yaml`: among them the
+/// Metal3Cluster validation that refuses an empty endpoint host) and bitpool's endpoint webhooks
+/// (`config/webhook/endpoint`), each pointed at its process on 127.0.0.1.
+async fn register_endpoint_webhooks(plane: &Metal3Plane, bitpool_port: u16) {
+    let ca = plane.certs.ca_pem.clone();
+    let at = |port: u16| {
+        let ca = ca.clone();
+        move |path: &str| WebhookClientConfig {
+            url: Some(format!("https://127.0.0.1:{port}{path}")),
+            ca_bundle: Some(ByteString(ca.clone().into_bytes())),
+            service: None,
+        }
+    };
+    let capm3 = read_manifests(&support::upstream_crds_dir().join("capm3-webhooks/manifests.yaml"));
+    register(&plane.client, capm3, "capm3", at(plane.capm3_port), None).await;
+    let ours = read_manifests(std::path::Path::new(
+        "config/webhook/endpoint/manifests.yaml",
+    ));
+    register(
+        &plane.client,
+        ours,
+        "bitpool-endpoint",
+        at(bitpool_port),
+        None,
+    )
+    .await;
+}
+
+/// A Cluster whose infrastructure is a `infra_kind` of its own name, naming `pool` for its
+/// endpoint if given. Refused: the API server's message.
+async fn create_endpoint_cluster(
+    client: &Client,
+    name: &str,
+    infra_kind: &str,
+    pool: Option<&str>,
+) -> Result<DynamicObject, String> {
+    let annotations = pool.map_or(json!({}), |p| json!({ ENDPOINT_POOL: p }));
+    try_create(
+        client,
+        false,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": infra_kind, "name": name,
+            }},
+        }),
+    )
+    .await
+}
+
+/// A Metal3Cluster without an endpoint, naming `pool` if given, as a user writes it.
+async fn create_metal3_cluster(
+    client: &Client,
+    name: &str,
+    pool: Option<&str>,
+) -> Result<DynamicObject, String> {
+    metal3_cluster(client, name, pool, false).await
+}
+
+/// [`create_metal3_cluster`], or only its dry run.
+async fn metal3_cluster(
+    client: &Client,
+    name: &str,
+    pool: Option<&str>,
+    dry_run: bool,
+) -> Result<DynamicObject, String> {
+    let annotations = pool.map_or(json!({}), |p| json!({ ENDPOINT_POOL: p }));
+    try_create(
+        client,
+        dry_run,
+        json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "Metal3Cluster",
+            "metadata": {"name": name, "annotations": annotations, "labels": {"cluster.x-k8s.io/cluster-name": name}},
+            "spec": {"noCloudProvider": true},
+        }),
+    )
+    .await
+}
+
+async fn try_create(
+    client: &Client,
+    dry_run: bool,
+    object: Value,
+) -> Result<DynamicObject, String> {
+    let api_version = object["apiVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let kind = object["kind"].as_str().unwrap_or_default().to_string();
+    let object: DynamicObject = serde_json::from_value(object).expect("a manifest");
+    let params = PostParams {
+        dry_run,
+        ..Default::default()
+    };
+    api(client, &api_version, &kind)
+        .create(&params, &object)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `host:port` of an object's `spec.controlPlaneEndpoint`.
+fn endpoint(object: &DynamicObject) -> String {
+    let endpoint = &object.data["spec"]["controlPlaneEndpoint"];
+    format!(
+        "{}:{}",
+        endpoint["host"].as_str().unwrap_or_default(),
+        endpoint["port"].as_i64().unwrap_or_default()
+    )
+}
+
+/// The address of `cluster`'s endpoint claim, once it has one; asserts that the claim is the
+/// Cluster's, made on the pool the Cluster named.
+async fn endpoint_claim_address(client: &Client, cluster: &str) -> String {
+    let uid = get(client, "cluster.x-k8s.io/v1beta2", "Cluster", cluster)
+        .await
+        .and_then(|c| c.uid())
+        .expect("the Cluster");
+    let claim_name = format!("{cluster}-control-plane-endpoint");
+    let claim = eventually("the endpoint claim has an address", WAIT, || async {
+        let claim = get(
+            client,
+            "ipam.cluster.x-k8s.io/v1beta2",
+            "IPAddressClaim",
+            &claim_name,
+        )
+        .await?;
+        claim.data["status"]["addressRef"]["name"].as_str()?;
+        Some(claim)
+    })
+    .await;
+    let owners = claim.owner_references();
+    assert!(
+        owners.iter().any(|o| o.kind == "Cluster" && o.uid == uid),
+        "the claim is owned by its Cluster: {owners:?}"
+    );
+    assert_eq!(claim.data["spec"]["poolRef"]["name"], VIPS);
+    let address = get(
+        client,
+        "ipam.cluster.x-k8s.io/v1beta2",
+        "IPAddress",
+        &claim_name,
+    )
+    .await
+    .expect("the claim's IPAddress");
+    address.data["spec"]["address"]
+        .as_str()
+        .expect("an address")
+        .to_string()
+}
+
+/// `pool`'s free count once it is `free`.
+async fn wait_free(client: &Client, free: i64) {
+    eventually(&format!("the pool has {free} free"), WAIT, || async {
+        let pool = get(
+            client,
+            "ipam.cluster.x-k8s.io/v1alpha2",
+            "InClusterIPPool",
+            VIPS,
+        )
+        .await?;
+        (pool.data["status"]["ipAddresses"]["free"].as_i64() == Some(free)).then_some(())
+    })
+    .await;
+}
+
+/// A claim of a machine's, on the endpoint pool.
+async fn claim_for_a_machine(client: &Client, name: &str) {
+    create(
+        client,
+        json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1beta2", "kind": "IPAddressClaim",
+            "metadata": {"name": name},
+            "spec": {"poolRef": {"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": VIPS}},
+        }),
+    )
+    .await;
+}
+
+/// Issue 30, item 4: a cluster's control-plane endpoint from a pool, with unmodified CAPM3 and
+/// its own admission webhooks. A Metal3Cluster created without a host (which CAPM3's webhook
+/// refuses) gets its Cluster's endpoint address from bitpool's mutating webhook; CAPM3
+/// provisions it; the address is held by a claim the Cluster owns, never given to a machine, and
+/// back in the pool when the Cluster goes. Bad annotations, missing and exhausted pools are
+/// refused with the field; without the webhook, the Cluster is told by an Event and the claim's
+/// status, and its endpoint is filled once an address is free.
+#[tokio::test]
+async fn a_clusters_endpoint_comes_from_a_pool_past_capm3s_own_webhook() {
+    let plane = Metal3Plane::start("capm3-endpoint").await;
+    let client = plane.client.clone();
+    let port = free_port();
+    let (port_arg, certs_arg) = (
+        format!("--webhook-port={port}"),
+        format!("--webhook-cert-dir={}", plane.certs.dir.display()),
+    );
+    let mut bitpool = Bitpool::start_in(
+        &plane.kubeconfig,
+        "capm3-endpoint",
+        &[
+            "--controllers=capi-ipam,metal3-ipam",
+            &port_arg,
+            "--webhook-host=127.0.0.1",
+            &certs_arg,
+        ],
+    );
+    wait_listening(port, "bitpool's webhook server listens").await;
+    assert!(bitpool.is_running(), "bitpool runs");
+    register_endpoint_webhooks(&plane, port).await;
+    create(
+        &client,
+        json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
+            "metadata": {"name": VIPS},
+            "spec": {"addresses": ["10.9.0.100-10.9.0.102"], "prefix": 24, "gateway": "10.9.0.1"},
+        }),
+    )
+    .await;
+    wait_free(&client, 3).await;
+    // The API server calls new webhook configurations after a moment; dry runs, which leave
+    // nothing behind, until each webhook answers: CAPM3's refuses an empty host, bitpool's a
+    // kind that is no pool kind (on a Metal3Cluster, and on a Cluster).
+    let field = "metadata.annotations[ipam.bitpool.dev/control-plane-endpoint-pool]";
+    eventually("the webhooks are called", WAIT, || async {
+        let capm3 = metal3_cluster(&client, "probe", None, true).await.err()?;
+        let ours = metal3_cluster(&client, "probe", Some("Nope/x"), true)
+            .await
+            .err()?;
+        let cluster = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "probe", "annotations": {ENDPOINT_POOL: "Nope/x"}},
+            "spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": "probe",
+            }},
+        });
+        let on_cluster = try_create(&client, true, cluster).await.err()?;
+        (capm3.contains("denied the request")
+            && !capm3.contains(field)
+            && ours.contains(field)
+            && on_cluster.contains(field))
+        .then_some(())
+    })
+    .await;
+
+    // A Metal3 cluster as clusterctl's template orders it: the Cluster names the pool, then its
+    // Metal3Cluster comes without an endpoint.
+    create_endpoint_cluster(&client, "c1", "Metal3Cluster", Some("InClusterIPPool/vips"))
+        .await
+        .expect("the Cluster is admitted");
+    let m3c = create_metal3_cluster(&client, "c1", None)
+        .await
+        .expect("the Metal3Cluster is admitted past CAPM3's webhook");
+    let vip = endpoint_claim_address(&client, "c1").await;
+    assert_eq!(endpoint(&m3c), format!("{vip}:6443"));
+    assert_eq!(vip, "10.9.0.100", "the pool's first address");
+    // bitpool fills the Cluster's endpoint too (where Cluster API core would copy it).
+    eventually("the Cluster's endpoint is filled", WAIT, || async {
+        let cluster = get(&client, "cluster.x-k8s.io/v1beta2", "Cluster", "c1").await?;
+        (endpoint(&cluster) == format!("{vip}:6443")).then_some(())
+    })
+    .await;
+    // CAPM3 provisions the Metal3Cluster once its Cluster owns it (Cluster API core's part).
+    let cluster = get(&client, "cluster.x-k8s.io/v1beta2", "Cluster", "c1")
+        .await
+        .expect("the Cluster");
+    api(
+        &client,
+        "infrastructure.cluster.x-k8s.io/v1beta1",
+        "Metal3Cluster",
+    )
+    .patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"ownerReferences": [{
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "name": "c1",
+            "uid": cluster.uid().expect("a uid"), "controller": true, "blockOwnerDeletion": true,
+        }]}})),
+    )
+    .await
+    .expect("own the Metal3Cluster");
+    eventually("CAPM3 provisions the Metal3Cluster", WAIT, || async {
+        let m3c = get(
+            &client,
+            "infrastructure.cluster.x-k8s.io/v1beta2",
+            "Metal3Cluster",
+            "c1",
+        )
+        .await?;
+        (m3c.data["status"]["initialization"]["provisioned"] == true).then_some(())
+    })
+    .await;
+
+    // The annotation on the Metal3Cluster itself; a machine's claim on the same pool gets the
+    // last address, never an endpoint's.
+    create_endpoint_cluster(&client, "c2", "Metal3Cluster", None)
+        .await
+        .expect("the Cluster is admitted");
+    let m3c = create_metal3_cluster(&client, "c2", Some("InClusterIPPool/vips"))
+        .await
+        .expect("the Metal3Cluster is admitted");
+    assert_eq!(endpoint(&m3c), "10.9.0.101:6443");
+    claim_for_a_machine(&client, "machine-0").await;
+    let machine = eventually("the machine's claim has an address", WAIT, || async {
+        let a = get(
+            &client,
+            "ipam.cluster.x-k8s.io/v1beta2",
+            "IPAddress",
+            "machine-0",
+        )
+        .await?;
+        a.data["spec"]["address"].as_str().map(str::to_string)
+    })
+    .await;
+    assert_eq!(machine, "10.9.0.102");
+    wait_free(&client, 0).await;
+
+    // Refused, naming the annotation and the rule.
+    let refusals = [
+        (
+            create_endpoint_cluster(&client, "c3", "Metal3Cluster", Some("InClusterIPPool/vips"))
+                .await,
+            "InClusterIPPool vips has no free address",
+        ),
+        (
+            create_endpoint_cluster(&client, "c4", "Metal3Cluster", Some("InClusterIPPool/gone"))
+                .await,
+            "InClusterIPPool gone does not exist in namespace metal3",
+        ),
+        (
+            create_endpoint_cluster(
+                &client,
+                "c5",
+                "Metal3Cluster",
+                Some("InClusterPrefixPool/vips"),
+            )
+            .await,
+            "is not an address pool kind",
+        ),
+        (
+            create_metal3_cluster(&client, "lonely", Some("InClusterIPPool/vips")).await,
+            "no Cluster in namespace metal3 has Metal3Cluster lonely as its infrastructureRef",
+        ),
+    ];
+    for (result, rule) in refusals {
+        let message = result.expect_err("refused");
+        assert!(
+            message.contains(field) && message.contains(rule),
+            "{message}"
+        );
+    }
+
+    // The Cluster goes: its claim (collected with it) gives the address back.
+    api(&client, "cluster.x-k8s.io/v1beta2", "Cluster")
+        .delete("c1", &DeleteParams::default())
+        .await
+        .expect("delete the Cluster");
+    eventually("the endpoint claim goes with its Cluster", WAIT, || async {
+        let claim = get(
+            &client,
+            "ipam.cluster.x-k8s.io/v1beta2",
+            "IPAddressClaim",
+            "c1-control-plane-endpoint",
+        )
+        .await;
+        claim.is_none().then_some(())
+    })
+    .await;
+    wait_free(&client, 1).await;
+
+    // Without bitpool's Cluster webhook: a Cluster of any infrastructure naming an exhausted pool
+    // is told why it waits, and gets its endpoint once an address is free.
+    claim_for_a_machine(&client, "machine-1").await;
+    wait_free(&client, 0).await;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let bitpool_validating = validating
+        .list(&Default::default())
+        .await
+        .expect("list webhook configurations")
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .find(|n| n.starts_with("bitpool-endpoint"))
+        .expect("bitpool's validating webhook");
+    validating
+        .delete(&bitpool_validating, &DeleteParams::default())
+        .await
+        .expect("remove bitpool's validating webhook");
+    let admitted = eventually(
+        "the Cluster is admitted without the webhook",
+        WAIT,
+        || async {
+            create_endpoint_cluster(&client, "c6", "DockerCluster", Some("InClusterIPPool/vips"))
+                .await
+                .ok()
+        },
+    )
+    .await;
+    let uid = admitted.uid().expect("a uid");
+    eventually("an Event says why the endpoint waits", WAIT, || async {
+        let events: Api<Event> = Api::namespaced(client.clone(), NS);
+        let events = events.list(&Default::default()).await.ok()?;
+        events
+            .items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
+                    && e.reason.as_deref() == Some("ControlPlaneEndpointPending")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("no free address"))
+            })
+            .map(|_| ())
+    })
+    .await;
+    let pending = get(
+        &client,
+        "ipam.cluster.x-k8s.io/v1beta2",
+        "IPAddressClaim",
+        "c6-control-plane-endpoint",
+    )
+    .await
+    .expect("the endpoint claim");
+    let ready = pending.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["reason"], "PoolExhausted", "{ready}");
+    api(&client, "ipam.cluster.x-k8s.io/v1beta2", "IPAddressClaim")
+        .delete("machine-1", &DeleteParams::default())
+        .await
+        .expect("release the machine's address");
+    eventually(
+        "the Cluster's endpoint is filled once an address is free",
+        WAIT,
+        || async {
+            let cluster = get(&client, "cluster.x-k8s.io/v1beta2", "Cluster", "c6").await?;
+            (endpoint(&cluster) == "10.9.0.100:6443").then_some(())
+        },
+    )
+    .await;
+    assert_eq!(endpoint_claim_address(&client, "c6").await, "10.9.0.100");
+    assert!(bitpool.is_running(), "bitpool still runs");
     drop(bitpool);
     drop(plane);
 }

@@ -41,6 +41,9 @@ const REUSE_GRACE_SECONDS: i64 = 20;
 const WAIT: Duration = Duration::from_secs(600);
 
 const V1BETA1: &str = "infrastructure.cluster.x-k8s.io/v1beta1";
+/// The pool of the cluster's control-plane endpoint, and its one address.
+const ENDPOINT_POOL: &str = "vips";
+const ENDPOINT: &str = "192.168.111.249";
 const V1BETA2: &str = "infrastructure.cluster.x-k8s.io/v1beta2";
 const CAPI: &str = "cluster.x-k8s.io/v1beta2";
 const BMH: &str = "metal3.io/v1alpha1";
@@ -205,24 +208,53 @@ async fn create_cluster(stack: &Stack, mode: Mode, replicas: i64) {
         }),
     )
     .await;
+    // The control-plane endpoint from a pool of its own (issue 30, item 4): the Cluster names
+    // it, its Metal3Cluster comes without an endpoint, and bitpool's webhook (installed by
+    // clusterctl) writes the pool's address there before CAPM3's refuses an empty host.
     create(
         client,
         json!({
-            "apiVersion": CAPI, "kind": "Cluster",
-            "metadata": {"name": CLUSTER},
-            "spec": {"infrastructureRef": {
-                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": CLUSTER,
-            }},
+            "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2", "kind": "InClusterIPPool",
+            "metadata": {"name": ENDPOINT_POOL},
+            "spec": {"addresses": [ENDPOINT], "prefix": 24, "gateway": "192.168.111.1"},
         }),
     )
     .await;
     create(
         client,
         json!({
+            "apiVersion": CAPI, "kind": "Cluster",
+            "metadata": {"name": CLUSTER, "annotations": {
+                bitpool::endpoint::reference::POOL_ANNOTATION: format!("InClusterIPPool/{ENDPOINT_POOL}"),
+            }},
+            "spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": CLUSTER,
+            }},
+        }),
+    )
+    .await;
+    let m3c = create(
+        client,
+        json!({
             "apiVersion": V1BETA1, "kind": "Metal3Cluster",
             "metadata": {"name": CLUSTER, "labels": {"cluster.x-k8s.io/cluster-name": CLUSTER}},
-            "spec": {"controlPlaneEndpoint": {"host": "192.168.111.249", "port": 6443}, "noCloudProvider": true},
+            "spec": {"noCloudProvider": true},
         }),
+    )
+    .await;
+    assert_eq!(
+        m3c.data["spec"]["controlPlaneEndpoint"],
+        json!({"host": ENDPOINT, "port": 6443}),
+        "the Metal3Cluster's endpoint comes from its pool"
+    );
+    eventually(
+        "the Cluster's endpoint is the pool's address",
+        WAIT,
+        || async {
+            let cluster = get(client, CAPI, "Cluster", CLUSTER).await?;
+            let endpoint = &cluster.data["spec"]["controlPlaneEndpoint"];
+            (endpoint == &json!({"host": ENDPOINT, "port": 6443})).then_some(())
+        },
     )
     .await;
     let mut template = data_template(DATA_TEMPLATE, Provisioning::Metal3Pool);
@@ -789,8 +821,11 @@ async fn claims_follow_machines(client: &Client, machines: usize) {
         WAIT,
         || async {
             let metal3 = list(client, "ipam.metal3.io/v1alpha1", "IPClaim").await;
+            // Beside the Cluster's endpoint claim, which no machine has.
+            let endpoint = bitpool::endpoint::reference::CLAIM_LABEL;
             let capi = list(client, CAPI_IPAM, "IPAddressClaim").await;
-            (metal3.len() == machines && capi.len() == machines).then_some(())
+            let capi = capi.iter().filter(|c| !c.labels().contains_key(endpoint));
+            (metal3.len() == machines && capi.count() == machines).then_some(())
         },
     )
     .await;
@@ -1506,8 +1541,8 @@ async fn pivot(name: &str) {
     let before = all_allocations(&source.client).await;
     assert_eq!(
         before.len(),
-        6,
-        "two addresses for each of three hosts: {before:?}"
+        7,
+        "two addresses for each of three hosts, and the control-plane endpoint's: {before:?}"
     );
 
     let_clusterctl_move_hosts(&source.client).await;

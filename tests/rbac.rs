@@ -130,7 +130,8 @@ fn run_as(kubeconfig: &Path, endpoints: &Endpoints) -> Running {
     Running { child, log }
 }
 
-/// Claims of both kinds on pools of every kind, served and released.
+/// Claims of both kinds on pools of every kind, and a Cluster's endpoint claim, served and
+/// released.
 async fn serve_every_pool_kind(env: &Env) {
     capi_pool(env, "capi", capi_spec(&["10.90.0.0/24"], 24)).await;
     let global = global_pool(env, "global", capi_spec(&["10.91.0.0/24"], 24)).await;
@@ -144,6 +145,37 @@ async fn serve_every_pool_kind(env: &Env) {
     }
     wait_ipclaim(env, "ipclaim-on-m3").await;
     let ipclaims: Api<IPClaim> = env.api();
+    // A Cluster whose endpoint comes from a pool: its claim made, its endpoint patched.
+    let clusters = support::dynamic::api(
+        &env.client,
+        env.name(),
+        "cluster.x-k8s.io/v1beta2",
+        "Cluster",
+    );
+    support::dynamic::create(
+        &env.client,
+        env.name(),
+        serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "endpoint", "annotations": {
+                bitpool::endpoint::reference::POOL_ANNOTATION: "InClusterIPPool/capi",
+            }},
+            "spec": {"infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": "endpoint",
+            }},
+        }),
+    )
+    .await;
+    eventually("the Cluster's endpoint is filled", WAIT, || async {
+        let cluster = clusters.get("endpoint").await.ok()?;
+        let host = cluster.data["spec"]["controlPlaneEndpoint"]["host"].as_str()?;
+        host.starts_with("10.90.0.").then_some(())
+    })
+    .await;
+    clusters
+        .delete("endpoint", &DeleteParams::default())
+        .await
+        .expect("delete the Cluster (its endpoint claim goes with it)");
 
     let claims: Api<IPAddressClaim> = env.api();
     for name in ["on-capi", "on-global", "on-m3"] {
