@@ -18,7 +18,8 @@
 # BITPOOL_CACHE_DIR (default ~/.cache/bitpool), BITPOOL_CP_DIR (runtime state, default
 # /tmp/bitpool-control-plane), BITPOOL_CP_PORT (apiserver port, default 16443), BITPOOL_ETCD_PORT
 # (default 12379; the peer port is this + 1), BITPOOL_APISERVER_MEMORY_LIMIT (the API server's Go
-# memory limit, GOMEMLIMIT; default three quarters of the machine's memory).
+# memory limit, GOMEMLIMIT; default three quarters of the machine's memory), BITPOOL_APISERVER_ARGS
+# (more kube-apiserver flags, split at spaces: a feature gate off, a resource without watch cache).
 set -euo pipefail
 HACK_DIR=$(cd "${0%/*}" && pwd)
 # shellcheck source=hack/versions.env
@@ -55,6 +56,8 @@ three_quarters_of_memory() {
 }
 APISERVER_MEMORY_LIMIT=${BITPOOL_APISERVER_MEMORY_LIMIT:-$(three_quarters_of_memory)}
 PLANE_ID="$K8S_VERSION $ETCD_VERSION OwnerReferencesPermissionEnforcement aggregator-routing memory-limit=$APISERVER_MEMORY_LIMIT"
+read -r -a APISERVER_ARGS <<<"${BITPOOL_APISERVER_ARGS:-}"
+[ -z "${BITPOOL_APISERVER_ARGS:-}" ] || PLANE_ID="$PLANE_ID args=$BITPOOL_APISERVER_ARGS"
 # The oldest Go that builds the pinned releases.
 GO_MIN=1.26
 
@@ -204,7 +207,7 @@ start_apiserver() {
     --enable-aggregator-routing=true \
     --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" --service-cluster-ip-range 10.96.0.0/16 \
-    --client-ca-file "$pki/ca.crt"
+    --client-ca-file "$pki/ca.crt" "${APISERVER_ARGS[@]}"
   if ! wait_ready kube-apiserver "https://127.0.0.1:$API_PORT/readyz" 60; then
     tail -n 20 "$STATE_DIR/kube-apiserver.log" >&2
     echo "control-plane: kube-apiserver did not become ready within 60 s (log: $STATE_DIR/kube-apiserver.log)" >&2

@@ -12,6 +12,7 @@ use bitpool::api::capi::{IPAddress, IPAddressClaim};
 use bitpool::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Resource;
 use kube::api::{Api, DeleteParams};
 use support::build::{
@@ -40,20 +41,7 @@ where
 async fn pools_of_every_capi_kind_serve_and_go_without_the_metal3_crds() {
     let plane = Dedicated::start("capi-only");
     let client = plane.client().await;
-    let upstream = support::upstream_crds_dir();
-    let mut crds: Vec<_> = bitpool::crds::served()
-        .into_iter()
-        .filter(|crd| crd.spec.group == "ipam.cluster.x-k8s.io")
-        .collect();
-    assert_eq!(crds.len(), 4, "bitpool's four CAPI pool kinds");
-    for file in [
-        "ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
-        "ipam.cluster.x-k8s.io_ipaddresses.yaml",
-        "cluster.x-k8s.io_clusters.yaml",
-    ] {
-        crds.extend(read_crds(&upstream.join("cluster-api").join(file)));
-    }
-    install_crds(&client, &crds).await;
+    install_crds(&client, &capi_ipam_crds()).await;
     let env = Env {
         client: client.clone(),
         ns: TestNamespace::in_cluster(&client, &plane.kubeconfig, "capi-only").await,
@@ -129,4 +117,79 @@ async fn pools_of_every_capi_kind_serve_and_go_without_the_metal3_crds() {
         "bitpool reached for a Metal3 kind (log: {:?})",
         bitpool.log
     );
+    assert!(
+        !log.contains(REFUSED_STREAM),
+        "this server streams lists, and bitpool fell back to listing (log: {:?})",
+        bitpool.log
+    );
+}
+
+/// What bitpool logs when the server will not stream a list.
+const REFUSED_STREAM: &str = "the API server does not stream lists; listing instead";
+
+/// The CRDs of the `capi-ipam` group: bitpool's four pool kinds and Cluster API's claim,
+/// address and Cluster.
+fn capi_ipam_crds() -> Vec<CustomResourceDefinition> {
+    let upstream = support::upstream_crds_dir();
+    let mut crds: Vec<_> = bitpool::crds::served()
+        .into_iter()
+        .filter(|crd| crd.spec.group == "ipam.cluster.x-k8s.io")
+        .collect();
+    assert_eq!(crds.len(), 4, "bitpool's four CAPI pool kinds");
+    for file in [
+        "ipam.cluster.x-k8s.io_ipaddressclaims.yaml",
+        "ipam.cluster.x-k8s.io_ipaddresses.yaml",
+        "cluster.x-k8s.io_clusters.yaml",
+    ] {
+        crds.extend(read_crds(&upstream.join("cluster-api").join(file)));
+    }
+    crds
+}
+
+/// A server that will not stream lists (the WatchList feature off, as before Kubernetes 1.34
+/// but in 1.32): bitpool lists instead, and its caches hold what was there before it started
+/// and what comes after.
+#[tokio::test]
+async fn a_server_that_does_not_stream_lists_is_listed() {
+    let plane = Dedicated::start_with("no-watch-list", "--feature-gates=WatchList=false");
+    let client = plane.client().await;
+    install_crds(&client, &capi_ipam_crds()).await;
+    let env = Env {
+        client: client.clone(),
+        ns: TestNamespace::in_cluster(&client, &plane.kubeconfig, "no-watch-list").await,
+    };
+    capi_pool(&env, "ip", capi_spec(&["10.82.0.0/24"], 24)).await;
+    claim(&env, "before", "InClusterIPPool", "ip").await;
+    let bitpool = Bitpool::start_in(
+        &plane.kubeconfig,
+        "no-watch-list",
+        &["--controllers", "capi-ipam"],
+    );
+    wait_claim(&env, "before", "served", |c| c.status == "True").await;
+    claim(&env, "after", "InClusterIPPool", "ip").await;
+    wait_claim(&env, "after", "served", |c| c.status == "True").await;
+    let addresses: Vec<String> = env
+        .api::<IPAddress>()
+        .list(&Default::default())
+        .await
+        .expect("list address objects")
+        .items
+        .into_iter()
+        .map(|a| a.spec.address)
+        .collect();
+    assert_eq!(
+        addresses.len(),
+        2,
+        "one address object per claim: {addresses:?}"
+    );
+    assert_ne!(addresses[0], addresses[1]);
+    let log = std::fs::read_to_string(&bitpool.log).expect("bitpool's log");
+    for kind in ["IPAddressClaim", "IPAddress"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(REFUSED_STREAM) && l.contains(&format!("kind={kind} "))),
+            "no fallback to a list logged for {kind} (log: {:?})",
+            bitpool.log
+        );
+    }
 }

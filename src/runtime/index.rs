@@ -268,6 +268,11 @@ where
     }
 
     /// Like [`Self::start`], but the watch begins once `after` completes.
+    ///
+    /// The first list is streamed (watch events, one object at a time) where the server can:
+    /// a list of 100,000 objects in one response is held whole, as text and decoded, and was
+    /// most of a restarted process's peak memory. A server that refuses to stream gets
+    /// `config`'s list instead, as client-go's reflector falls back.
     pub fn start_after(
         &mut self,
         api: Api<Lean<K>>,
@@ -279,21 +284,88 @@ where
         }
         let (index, convert) = (self.index.clone(), self.convert);
         let kind = K::kind(&()).to_string();
-        let mut relist = None;
-        let stream = watcher(api, config)
-            .default_backoff()
-            .for_each(move |event| {
-                match event {
-                    Ok(event) => index.apply(event, &mut relist, |Lean(object)| convert(object)),
-                    Err(e) => tracing::warn!(kind = %kind, error = %e, "watch failed; retrying"),
-                }
-                future::ready(())
-            });
         self.driver = Some(tokio::spawn(async move {
             after.await;
-            stream.await
+            let streamed = watcher(api.clone(), config.clone().streaming_lists());
+            let mut feed = Feed {
+                index,
+                convert,
+                kind,
+                relist: None,
+            };
+            if feed.follow(streamed, ListStrategy::Streamed).await == Ended::Refused {
+                feed.follow(watcher(api, config), ListStrategy::Listed)
+                    .await;
+            }
         }));
     }
+}
+
+/// How a watch gets its first list of objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ListStrategy {
+    Streamed,
+    Listed,
+}
+
+/// Why a watch's stream ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// The server refused to stream the first list.
+    Refused,
+    /// The stream ended (it does not, but for the task's abort).
+    Closed,
+}
+
+/// A watch's events, applied to one index.
+struct Feed<K, T> {
+    index: Index<T>,
+    convert: fn(&K) -> Option<T>,
+    kind: String,
+    relist: Option<Objects<T>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + Debug + Send + 'static, T: Cached> Feed<K, T> {
+    async fn follow(
+        &mut self,
+        events: impl Stream<Item = watcher::Result<watcher::Event<Lean<K>>>> + Send,
+        strategy: ListStrategy,
+    ) -> Ended {
+        let events = events.default_backoff();
+        futures::pin_mut!(events);
+        let mut listed = false;
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(event) => {
+                    listed |= matches!(event, watcher::Event::InitDone);
+                    let convert = self.convert;
+                    self.index
+                        .apply(event, &mut self.relist, |Lean(object)| convert(object));
+                }
+                Err(e)
+                    if strategy == ListStrategy::Streamed && !listed && refuses_streaming(&e) =>
+                {
+                    tracing::warn!(kind = %self.kind, error = %e,
+                        "the API server does not stream lists; listing instead");
+                    self.relist = None;
+                    return Ended::Refused;
+                }
+                Err(e) => tracing::warn!(kind = %self.kind, error = %e, "watch failed; retrying"),
+            }
+        }
+        Ended::Closed
+    }
+}
+
+/// Whether a watch error is the server refusing a streamed list (`sendInitialEvents`): a server
+/// without the WatchList feature answers Invalid (422) or BadRequest (400) at the watch's start.
+fn refuses_streaming(error: &watcher::Error) -> bool {
+    let status = match error {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status,
+        watcher::Error::WatchError(status) => status,
+        _ => return false,
+    };
+    status.is_invalid() || status.reason == kube::core::response::reason::BAD_REQUEST
 }
 
 impl<K, T> Drop for Watched<K, T> {
@@ -388,5 +460,35 @@ mod tests {
             ["old", "b"],
             "missing from the relist, then deleted"
         );
+    }
+
+    #[test]
+    fn only_a_refused_stream_falls_back_to_a_list() {
+        use kube::core::Status;
+        use kube::core::response::reason;
+        let start =
+            |status: Status| watcher::Error::WatchStartFailed(kube::Error::Api(Box::new(status)));
+        // As a server without the WatchList feature answers `sendInitialEvents`.
+        let forbidden_parameter = Status::failure(
+            "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden",
+            reason::INVALID,
+        )
+        .with_code(422);
+        assert!(refuses_streaming(&start(forbidden_parameter)));
+        let bad_request = Status::failure("bad", reason::BAD_REQUEST).with_code(400);
+        assert!(refuses_streaming(&watcher::Error::WatchError(Box::new(
+            bad_request
+        ))));
+        // Outages, lost permissions and expired versions are retried as they are.
+        for (reason, code) in [
+            (reason::FORBIDDEN, 403),
+            (reason::EXPIRED, 410),
+            (reason::SERVICE_UNAVAILABLE, 503),
+            (reason::TIMEOUT, 504),
+        ] {
+            let status = Status::failure("", reason).with_code(code);
+            assert!(!refuses_streaming(&start(status)), "{reason}");
+        }
+        assert!(!refuses_streaming(&watcher::Error::NoResourceVersion));
     }
 }

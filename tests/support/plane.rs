@@ -27,6 +27,11 @@ fn free_pair() -> u16 {
 
 impl Dedicated {
     pub fn start(name: &str) -> Self {
+        Self::start_with(name, "")
+    }
+
+    /// A plane whose kube-apiserver takes `apiserver_args` beside the script's own flags.
+    pub fn start_with(name: &str, apiserver_args: &str) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "bitpool-plane-{name}-{:08x}",
             rand::random::<u32>()
@@ -36,6 +41,7 @@ impl Dedicated {
             .env("BITPOOL_CP_DIR", &dir)
             .env("BITPOOL_CP_PORT", super::process::free_port().to_string())
             .env("BITPOOL_ETCD_PORT", free_pair().to_string())
+            .env("BITPOOL_APISERVER_ARGS", apiserver_args)
             .stderr(std::process::Stdio::inherit())
             .output()
             .expect("run hack/control-plane.sh up");
