@@ -10,10 +10,10 @@ use serde_json::json;
 
 use super::plan::{ClaimState, Endpoint, Step, plan};
 use super::reference::{self, ClaimFor, DEFAULT_PORT, EndpointPool, FIELD};
-use crate::api::capi::{Cluster, IPAddressClaim, READY_CONDITION};
+use crate::api::capi::{Cluster, IPAddressClaim};
 use crate::crds::FIELD_MANAGER;
 use crate::ops::events::Reason;
-use crate::runtime::cached::{ClaimObject, Uid};
+use crate::runtime::cached::Uid;
 use crate::runtime::error::{Call, Verb};
 use crate::runtime::objects;
 use crate::runtime::{Context, Error, WATCH_FILTER_LABEL};
@@ -82,18 +82,8 @@ fn read(ctx: &Context, cluster: &Cluster, namespace: &str) -> ClaimState {
     let address = (claim.address.as_deref()).and_then(|a| ctx.addresses.get(namespace, a));
     match address {
         Some(address) => ClaimState::Allocated(address.address.to_string()),
-        None => ClaimState::Pending(why_pending(&claim)),
+        None => ClaimState::Pending(claim.refusal().map(str::to_string)),
     }
-}
-
-/// The message of a claim's `Ready=False` condition.
-pub fn why_pending(claim: &ClaimObject) -> Option<String> {
-    claim
-        .conditions
-        .iter()
-        .find(|c| &*c.head.type_ == READY_CONDITION && &*c.head.status == "False")
-        .map(|c| c.message.to_string())
-        .filter(|m| !m.is_empty())
 }
 
 async fn apply(

@@ -689,14 +689,9 @@ fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -
     }
     let Some(address_name) = claim.address.as_deref().filter(|n| !n.is_empty()) else {
         // Beyond CAPM3: say why the provider refused, instead of waiting silently.
-        let refused = claim.conditions.iter().find(|c| {
-            &*c.head.type_ == capi::READY_CONDITION
-                && &*c.head.status == "False"
-                && !c.message.is_empty()
-        });
-        return match refused {
-            Some(c) => {
-                ClaimState::Failed(format!("IP Allocation for {pool} failed : {}", c.message))
+        return match claim.refusal() {
+            Some(message) => {
+                ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"))
             }
             None => ClaimState::Waiting(format!("waiting for an address from pool {pool}")),
         };

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, 
 use kube::api::ObjectMeta;
 
 use super::intern;
-use crate::api::capi::{IPAddress, IPAddressClaim, IPPoolReference};
+use crate::api::capi::{IPAddress, IPAddressClaim, IPPoolReference, READY_CONDITION};
 use crate::api::labels;
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
 
@@ -479,6 +479,15 @@ impl ClaimObject {
     /// Upstream's `status.errorMessage` (Metal3 claims).
     pub fn error_message(&self) -> Option<&str> {
         self.rare.as_ref()?.error_message.as_deref()
+    }
+
+    /// The message of its `Ready=False` condition: why its provider serves it no address.
+    pub fn refusal(&self) -> Option<&str> {
+        self.conditions
+            .iter()
+            .find(|c| &*c.head.type_ == READY_CONDITION && &*c.head.status == "False")
+            .map(|c| &*c.message)
+            .filter(|m| !m.is_empty())
     }
 
     /// Its status conditions as Kubernetes spells them.

@@ -263,16 +263,10 @@ fn mutate(
     if !(is_ippool && unset) {
         return response;
     }
-    let patch: json_patch::Patch = match serde_json::from_value(serde_json::json!([
+    let default = serde_json::json!([
         {"op": "add", "path": "/spec/allocationStrategy", "value": "sequential"}
-    ])) {
-        Ok(patch) => patch,
-        Err(_) => return response,
-    };
-    match response.clone().with_patch(patch) {
-        Ok(patched) => patched,
-        Err(_) => response,
-    }
+    ]);
+    super::patched(response, default, "the default allocationStrategy")
 }
 
 impl Webhooks {

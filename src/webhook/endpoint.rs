@@ -98,13 +98,7 @@ impl Webhooks {
             Decision::Fill(address) => {
                 let object = request.object.as_ref().map(|o| &o.data);
                 let patch = fill_patch(object.unwrap_or(&Value::Null), &address);
-                match serde_json::from_value::<json_patch::Patch>(patch)
-                    .map_err(|e| e.to_string())
-                    .and_then(|p| response.clone().with_patch(p).map_err(|e| e.to_string()))
-                {
-                    Ok(patched) => patched,
-                    Err(e) => response.deny(format!("cannot write the endpoint: {e}")),
-                }
+                super::patched(response, patch, "the endpoint")
             }
         }
     }

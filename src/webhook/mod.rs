@@ -39,6 +39,23 @@ pub struct Webhooks {
     pub writers: std::sync::Arc<writers::Writers>,
 }
 
+/// `response` allowing the object with the JSON patch `operations` applied, or refusing it
+/// saying the patch could not be made (`what`: what the patch writes) — never the object
+/// admitted without what the webhook exists to write.
+fn patched(
+    response: kube::core::admission::AdmissionResponse,
+    operations: serde_json::Value,
+    what: &str,
+) -> kube::core::admission::AdmissionResponse {
+    let patch = serde_json::from_value::<json_patch::Patch>(operations)
+        .map_err(|e| e.to_string())
+        .and_then(|p| response.clone().with_patch(p).map_err(|e| e.to_string()));
+    match patch {
+        Ok(patched) => patched,
+        Err(e) => response.deny(format!("cannot write {what}: {e}")),
+    }
+}
+
 impl Webhooks {
     /// Answers a ConversionReview.
     pub fn convert(&self, body: &[u8]) -> Result<Vec<u8>, String> {
