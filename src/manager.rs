@@ -30,7 +30,6 @@ use crate::runtime::context::Needs;
 use crate::runtime::controller::{Switch, run_controller};
 use crate::runtime::index::Index;
 use crate::runtime::selection::selection;
-use crate::runtime::trigger::triggered_by;
 use crate::runtime::{Context, Settings};
 
 /// How long a controller waits for more changes to an object before reconciling it. It lets the
@@ -225,17 +224,16 @@ fn endpoint_controller(caches: &Caches, ctx: &Arc<Context>) -> Option<Controller
     };
     let claims = ctx.claims.clone();
     let controller = Controller::for_shared_stream(clusters.subscribe()?, clusters.store.clone())
-        .reconcile_on(triggered_by(
-            caches.claims.index.subscribe(),
-            move |claim| cluster_of(&claim),
-        ))
-        .reconcile_on(triggered_by(
-            caches.addresses.index.subscribe(),
-            move |address| {
-                let claim = claims.get(&address.meta.namespace, &address.claim)?;
-                cluster_of(&claim)
-            },
-        ));
+        .reconcile_on(
+            caches
+                .claims
+                .index
+                .triggers(move |claim| cluster_of(&claim)),
+        )
+        .reconcile_on(caches.addresses.index.triggers(move |address| {
+            let claim = claims.get(&address.meta.namespace, &address.claim)?;
+            cluster_of(&claim)
+        }));
     Some(controller)
 }
 
@@ -279,46 +277,37 @@ where
 {
     let (for_claims, for_addresses) = (ctx.clone(), ctx.clone());
     let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
-        .reconcile_on(triggered_by(
-            caches.claims.index.subscribe(),
-            move |claim| {
-                let proxied_for = proxied_for(&for_claims, &claim);
-                AnyClaim::from(claim)
-                    .pool_key()
-                    .into_iter()
-                    .chain(proxied_for)
-                    .filter_map(|k| k.object_ref::<P>())
-                    .collect::<Vec<_>>()
-            },
-        ))
-        .reconcile_on(triggered_by(
-            caches.addresses.index.subscribe(),
-            move |address| {
-                let claim = for_addresses
-                    .claims
-                    .get(&address.meta.namespace, &address.claim);
-                let address = AnyAddress::from(address);
-                address
-                    .pool_key()
-                    .into_iter()
-                    .chain(claim.and_then(|c| proxied_for(&for_addresses, &c)))
-                    .filter_map(|k| k.object_ref::<P>())
-                    .collect::<Vec<_>>()
-            },
-        ))
-        .reconcile_on(triggered_by(caches.ipclaims.index.subscribe(), |claim| {
+        .reconcile_on(caches.claims.index.triggers(move |claim| {
+            let proxied_for = proxied_for(&for_claims, &claim);
+            AnyClaim::from(claim)
+                .pool_key()
+                .into_iter()
+                .chain(proxied_for)
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
+        }))
+        .reconcile_on(caches.addresses.index.triggers(move |address| {
+            let claim = for_addresses
+                .claims
+                .get(&address.meta.namespace, &address.claim);
+            let address = AnyAddress::from(address);
+            address
+                .pool_key()
+                .into_iter()
+                .chain(claim.and_then(|c| proxied_for(&for_addresses, &c)))
+                .filter_map(|k| k.object_ref::<P>())
+                .collect::<Vec<_>>()
+        }))
+        .reconcile_on(caches.ipclaims.index.triggers(|claim| {
             AnyClaim::from(claim)
                 .pool_key()
                 .and_then(|k| k.object_ref::<P>())
         }))
-        .reconcile_on(triggered_by(
-            caches.metal3_addresses.index.subscribe(),
-            |address| {
-                AnyAddress::from(address)
-                    .pool_key()
-                    .and_then(|k| k.object_ref::<P>())
-            },
-        ))
+        .reconcile_on(caches.metal3_addresses.index.triggers(|address| {
+            AnyAddress::from(address)
+                .pool_key()
+                .and_then(|k| k.object_ref::<P>())
+        }))
         // A pool of any kind that comes, changes or goes: the pools it meets say so.
         .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store))
         .watches_shared_stream(caches.global_pools.subscribe()?, meeting(&pools.store))

@@ -19,7 +19,6 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::runtime::Context;
 use crate::runtime::cache::{Caches, Shared};
-use crate::runtime::trigger::triggered_by;
 
 /// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
 pub(crate) fn template_controller(
@@ -73,29 +72,29 @@ pub(crate) fn data_controller(
             .watches_shared_stream(data_claims.subscribe()?, |claim| {
                 data::data_of_claim(&claim)
             })
-            .reconcile_on(triggered_by(caches.ipclaims.index.subscribe(), |claim| {
+            .reconcile_on(
+                caches
+                    .ipclaims
+                    .index
+                    .triggers(|claim| data::owner_data(&claim.meta)),
+            )
+            .reconcile_on(
+                caches
+                    .claims
+                    .index
+                    .triggers(|claim| data::owner_data(&claim.meta)),
+            )
+            .reconcile_on(caches.addresses.index.triggers(move |address| {
+                let claim = for_capi
+                    .claims
+                    .get(&address.meta.namespace, &address.claim)?;
                 data::owner_data(&claim.meta)
             }))
-            .reconcile_on(triggered_by(caches.claims.index.subscribe(), |claim| {
+            .reconcile_on(caches.metal3_addresses.index.triggers(move |address| {
+                let claim = for_metal3
+                    .ipclaims
+                    .get(&address.meta.namespace, &address.claim)?;
                 data::owner_data(&claim.meta)
-            }))
-            .reconcile_on(triggered_by(
-                caches.addresses.index.subscribe(),
-                move |address| {
-                    let claim = for_capi
-                        .claims
-                        .get(&address.meta.namespace, &address.claim)?;
-                    data::owner_data(&claim.meta)
-                },
-            ))
-            .reconcile_on(triggered_by(
-                caches.metal3_addresses.index.subscribe(),
-                move |address| {
-                    let claim = for_metal3
-                        .ipclaims
-                        .get(&address.meta.namespace, &address.claim)?;
-                    data::owner_data(&claim.meta)
-                },
-            )),
+            })),
     )
 }

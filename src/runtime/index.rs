@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
+use std::hash::Hash;
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures::{Stream, StreamExt, future};
@@ -117,15 +118,38 @@ impl<T: Cached> Index<T> {
     /// Every object that changes from now on, coalesced per object so that a slow subscriber
     /// never holds the cache up (see [`super::trigger::eager`]).
     pub fn subscribe(&self) -> impl Stream<Item = Arc<T>> + Send + 'static {
+        super::trigger::coalesced(Box::pin(self.changes()), |object: &Arc<T>| {
+            (object.namespace().clone(), object.name().clone())
+        })
+    }
+
+    /// The reconcile requests `mapper` makes of each object that changes from now on,
+    /// coalesced per request, for `Controller::reconcile_on`. Mapped before they wait for the
+    /// controller, not after: a list of 100,000 claims of one pool waits as one request rather
+    /// than as 100,000 objects for each controller that watches the kind.
+    pub fn triggers<R, I>(
+        &self,
+        mapper: impl Fn(Arc<T>) -> I + Send + 'static,
+    ) -> impl Stream<Item = R> + Send + 'static
+    where
+        I: IntoIterator<Item = R>,
+        I::IntoIter: Send + 'static,
+        R: Clone + Hash + Eq + Send + 'static,
+    {
+        let requests = self
+            .changes()
+            .flat_map(move |object| futures::stream::iter(mapper(object)));
+        super::trigger::coalesced(Box::pin(requests), R::clone)
+    }
+
+    /// Every object that changes from now on, each change as it comes.
+    fn changes(&self) -> impl Stream<Item = Arc<T>> + Send + 'static {
         let (sender, receiver) = mpsc::unbounded_channel();
         if let Ok(mut subscribers) = self.inner.subscribers.lock() {
             subscribers.push(sender);
         }
-        let changes = futures::stream::unfold(receiver, |mut receiver| async move {
+        futures::stream::unfold(receiver, |mut receiver| async move {
             receiver.recv().await.map(|object| (object, receiver))
-        });
-        super::trigger::coalesced(Box::pin(changes), |object: &Arc<T>| {
-            (object.namespace().clone(), object.name().clone())
         })
     }
 
@@ -459,6 +483,31 @@ mod tests {
             removed,
             ["old", "b"],
             "missing from the relist, then deleted"
+        );
+    }
+
+    /// Many objects that map to one reconcile request wait as that request: a controller that
+    /// takes its triggers late gets it a few times at most, never once per object.
+    #[tokio::test]
+    async fn triggers_wait_as_requests_not_as_objects() {
+        const OBJECTS: usize = 10_000;
+        let index: Index<Named> = Index::new();
+        let requests = index.triggers(|object: Arc<Named>| [format!("pool-{}", object.namespace)]);
+        let mut relist = None;
+        index.apply(watcher::Event::Init, &mut relist, same);
+        for i in 0..OBJECTS {
+            let object = named(&format!("claim-{i}"), 1);
+            index.apply(watcher::Event::InitApply(object), &mut relist, same);
+        }
+        index.apply(watcher::Event::InitDone, &mut relist, same);
+        drop(index);
+        let requests: Vec<String> = requests.collect().await;
+        assert!(!requests.is_empty(), "the list triggers its pool");
+        assert!(requests.iter().all(|r| r == "pool-ns"), "{requests:?}");
+        assert!(
+            requests.len() <= OBJECTS / 100,
+            "{} requests for one pool of {OBJECTS} objects",
+            requests.len()
         );
     }
 

@@ -64,8 +64,10 @@ where
             // Read before the drain: every change was recorded before the flag was set, so a
             // drain after seeing it set misses nothing.
             let closed = pending.closed.load(Ordering::SeqCst);
+            // Taken whole rather than drained: a drained map keeps the room of its largest
+            // burst (a list of 100,000) for as long as the process runs.
             let taken: Vec<T> = match pending.changed.lock() {
-                Ok(mut changed) => changed.drain().map(|(_, object)| object).collect(),
+                Ok(mut changed) => std::mem::take(&mut *changed).into_values().collect(),
                 Err(_) => Vec::new(),
             };
             if !taken.is_empty() {
@@ -78,19 +80,6 @@ where
         }
     })
     .flatten()
-}
-
-/// The reconcile requests `mapper` makes of each change in `changes`, for
-/// `Controller::reconcile_on`: how a controller is triggered by a cache of bitpool's own types.
-pub fn triggered_by<T, I, R>(
-    changes: impl Stream<Item = T> + Send + 'static,
-    mapper: impl Fn(T) -> I + Send + 'static,
-) -> impl Stream<Item = R> + Send + 'static
-where
-    I: IntoIterator<Item = R>,
-    I::IntoIter: Send + 'static,
-{
-    changes.flat_map(move |object| stream::iter(mapper(object)))
 }
 
 #[cfg(test)]
