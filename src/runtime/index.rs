@@ -295,8 +295,8 @@ where
     ///
     /// The first list is streamed (watch events, one object at a time) where the server can:
     /// a list of 100,000 objects in one response is held whole, as text and decoded, and was
-    /// most of a restarted process's peak memory. A server that refuses to stream gets
-    /// `config`'s list instead, as client-go's reflector falls back.
+    /// most of a restarted process's peak memory. Once a server refuses to stream, the watch
+    /// lists with `config` from then on, as client-go's reflector falls back.
     pub fn start_after(
         &mut self,
         api: Api<Lean<K>>,
@@ -357,18 +357,16 @@ impl<K: Resource<DynamicType = ()> + Clone + Debug + Send + 'static, T: Cached> 
     ) -> Ended {
         let events = events.default_backoff();
         futures::pin_mut!(events);
-        let mut listed = false;
         while let Some(event) = events.next().await {
             match event {
                 Ok(event) => {
-                    listed |= matches!(event, watcher::Event::InitDone);
                     let convert = self.convert;
                     self.index
                         .apply(event, &mut self.relist, |Lean(object)| convert(object));
                 }
-                Err(e)
-                    if strategy == ListStrategy::Streamed && !listed && refuses_streaming(&e) =>
-                {
+                // At the first list or at any later one: during a rolling upgrade the next
+                // relist may reach an API server of the older version.
+                Err(e) if strategy == ListStrategy::Streamed && refuses_streaming(&e) => {
                     tracing::warn!(kind = %self.kind, error = %e,
                         "the API server does not stream lists; listing instead");
                     self.relist = None;
