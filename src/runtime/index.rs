@@ -335,7 +335,7 @@ enum ListStrategy {
 /// Why a watch's stream ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Ended {
-    /// The server refused to stream the first list.
+    /// The server refused to stream a list.
     Refused,
     /// The stream ended (it does not, but for the task's abort).
     Closed,
