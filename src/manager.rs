@@ -3,7 +3,6 @@
 
 use std::hash::Hash;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future;
 use kube::runtime::Controller;
@@ -30,14 +29,8 @@ use crate::runtime::context::Needs;
 use crate::runtime::controller::{Switch, run_controller};
 use crate::runtime::index::Index;
 use crate::runtime::selection::selection;
+use crate::runtime::trigger::{DEBOUNCE, Triggers};
 use crate::runtime::{Context, Settings};
-
-/// How long a controller waits for more changes to an object before reconciling it. It lets the
-/// watches catch up with a reconcile's own writes before the next one reads them: without it, a
-/// burst of 10,000 claims on one pool cost 4.8% more status writes (claims served again from a
-/// stale cache), while the batches of a burst still follow each other within a few milliseconds
-/// (the next reconcile is queued while one runs; BENCHMARKS.md, issue 29's item 3).
-const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// The controllers a process runs (`None` for those of a group that is off).
 struct Controllers {
@@ -223,17 +216,19 @@ fn endpoint_controller(caches: &Caches, ctx: &Arc<Context>) -> Option<Controller
         Some(ObjectRef::<Cluster>::new(cluster).within(&claim.meta.namespace))
     };
     let claims = ctx.claims.clone();
-    let controller = Controller::for_shared_stream(clusters.subscribe()?, clusters.store.clone())
-        .reconcile_on(
+    let triggers = Triggers::new()
+        .with(
             caches
                 .claims
                 .index
-                .triggers(move |claim| cluster_of(&claim)),
+                .requests(move |claim| cluster_of(&claim)),
         )
-        .reconcile_on(caches.addresses.index.triggers(move |address| {
+        .with(caches.addresses.index.requests(move |address| {
             let claim = claims.get(&address.meta.namespace, &address.claim)?;
             cluster_of(&claim)
         }));
+    let controller = Controller::for_shared_stream(clusters.subscribe()?, clusters.store.clone())
+        .reconcile_on(triggers.stream());
     Some(controller)
 }
 
@@ -276,8 +271,8 @@ where
     ObjectRef<P>: Hash + Eq,
 {
     let (for_claims, for_addresses) = (ctx.clone(), ctx.clone());
-    let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
-        .reconcile_on(caches.claims.index.triggers(move |claim| {
+    let triggers = Triggers::new()
+        .with(caches.claims.index.requests(move |claim| {
             let proxied_for = proxied_for(&for_claims, &claim);
             AnyClaim::from(claim)
                 .pool_key()
@@ -286,7 +281,7 @@ where
                 .filter_map(|k| k.object_ref::<P>())
                 .collect::<Vec<_>>()
         }))
-        .reconcile_on(caches.addresses.index.triggers(move |address| {
+        .with(caches.addresses.index.requests(move |address| {
             let claim = for_addresses
                 .claims
                 .get(&address.meta.namespace, &address.claim);
@@ -298,16 +293,18 @@ where
                 .filter_map(|k| k.object_ref::<P>())
                 .collect::<Vec<_>>()
         }))
-        .reconcile_on(caches.ipclaims.index.triggers(|claim| {
+        .with(caches.ipclaims.index.requests(|claim| {
             AnyClaim::from(claim)
                 .pool_key()
                 .and_then(|k| k.object_ref::<P>())
         }))
-        .reconcile_on(caches.metal3_addresses.index.triggers(|address| {
+        .with(caches.metal3_addresses.index.requests(|address| {
             AnyAddress::from(address)
                 .pool_key()
                 .and_then(|k| k.object_ref::<P>())
-        }))
+        }));
+    let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
+        .reconcile_on(triggers.stream())
         // A pool of any kind that comes, changes or goes: the pools it meets say so.
         .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store))
         .watches_shared_stream(caches.global_pools.subscribe()?, meeting(&pools.store))

@@ -19,6 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::runtime::Context;
 use crate::runtime::cache::{Caches, Shared};
+use crate::runtime::trigger::Triggers;
 
 /// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
 pub(crate) fn template_controller(
@@ -73,28 +74,32 @@ pub(crate) fn data_controller(
                 data::data_of_claim(&claim)
             })
             .reconcile_on(
-                caches
-                    .ipclaims
-                    .index
-                    .triggers(|claim| data::owner_data(&claim.meta)),
-            )
-            .reconcile_on(
-                caches
-                    .claims
-                    .index
-                    .triggers(|claim| data::owner_data(&claim.meta)),
-            )
-            .reconcile_on(caches.addresses.index.triggers(move |address| {
-                let claim = for_capi
-                    .claims
-                    .get(&address.meta.namespace, &address.claim)?;
-                data::owner_data(&claim.meta)
-            }))
-            .reconcile_on(caches.metal3_addresses.index.triggers(move |address| {
-                let claim = for_metal3
-                    .ipclaims
-                    .get(&address.meta.namespace, &address.claim)?;
-                data::owner_data(&claim.meta)
-            })),
+                Triggers::new()
+                    .with(
+                        caches
+                            .ipclaims
+                            .index
+                            .requests(|claim| data::owner_data(&claim.meta)),
+                    )
+                    .with(
+                        caches
+                            .claims
+                            .index
+                            .requests(|claim| data::owner_data(&claim.meta)),
+                    )
+                    .with(caches.addresses.index.requests(move |address| {
+                        let claim = for_capi
+                            .claims
+                            .get(&address.meta.namespace, &address.claim)?;
+                        data::owner_data(&claim.meta)
+                    }))
+                    .with(caches.metal3_addresses.index.requests(move |address| {
+                        let claim = for_metal3
+                            .ipclaims
+                            .get(&address.meta.namespace, &address.claim)?;
+                        data::owner_data(&claim.meta)
+                    }))
+                    .stream(),
+            ),
     )
 }

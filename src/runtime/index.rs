@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::hash::Hash;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt, future};
 use kube::Resource;
@@ -118,28 +118,25 @@ impl<T: Cached> Index<T> {
     /// Every object that changes from now on, coalesced per object so that a slow subscriber
     /// never holds the cache up (see [`super::trigger::eager`]).
     pub fn subscribe(&self) -> impl Stream<Item = Arc<T>> + Send + 'static {
-        super::trigger::coalesced(Box::pin(self.changes()), |object: &Arc<T>| {
-            (object.namespace().clone(), object.name().clone())
-        })
+        let key = |object: &Arc<T>| (object.namespace().clone(), object.name().clone());
+        super::trigger::coalesced(Box::pin(self.changes()), key, Duration::ZERO)
     }
 
-    /// The reconcile requests `mapper` makes of each object that changes from now on,
-    /// coalesced per request, for `Controller::reconcile_on`. Mapped before they wait for the
-    /// controller, not after: a list of 100,000 claims of one pool waits as one request rather
+    /// The reconcile requests `mapper` makes of each object that changes from now on, for a
+    /// controller's [`super::trigger::Triggers`]. Mapped as the changes come, before they wait
+    /// for the controller: a list of 100,000 claims of one pool waits as one request rather
     /// than as 100,000 objects for each controller that watches the kind.
-    pub fn triggers<R, I>(
+    pub fn requests<R, I>(
         &self,
         mapper: impl Fn(Arc<T>) -> I + Send + 'static,
     ) -> impl Stream<Item = R> + Send + 'static
     where
         I: IntoIterator<Item = R>,
         I::IntoIter: Send + 'static,
-        R: Clone + Hash + Eq + Send + 'static,
+        R: Send + 'static,
     {
-        let requests = self
-            .changes()
-            .flat_map(move |object| futures::stream::iter(mapper(object)));
-        super::trigger::coalesced(Box::pin(requests), R::clone)
+        self.changes()
+            .flat_map(move |object| futures::stream::iter(mapper(object)))
     }
 
     /// Every object that changes from now on, each change as it comes.
@@ -490,7 +487,9 @@ mod tests {
     async fn triggers_wait_as_requests_not_as_objects() {
         const OBJECTS: usize = 10_000;
         let index: Index<Named> = Index::new();
-        let requests = index.triggers(|object: Arc<Named>| [format!("pool-{}", object.namespace)]);
+        let requests = super::super::trigger::Triggers::new()
+            .with(index.requests(|object: Arc<Named>| [format!("pool-{}", object.namespace)]))
+            .stream();
         let mut relist = None;
         index.apply(watcher::Event::Init, &mut relist, same);
         for i in 0..OBJECTS {
