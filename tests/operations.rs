@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use bitpool::api::capi::IPAddressClaim;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -113,6 +114,66 @@ async fn probes_metrics_and_events_tell_what_happened() {
     let releases = r#"bitpool_releases_total{kind="InClusterIPPool"}"#;
     assert_eq!(sample(&metrics, releases), Some(1.0), "{metrics}");
     assert_warnings_name_objects(&bitpool);
+}
+
+/// A burst is told on its pool, not claim by claim: 40 claims made while bitpool is stopped are
+/// served in its first reconcile of the pool, and released in one after they are deleted while it
+/// is stopped again; each way, one Event on the pool counts them and no claim gets one.
+#[tokio::test]
+async fn a_burst_is_told_on_its_pool_not_claim_by_claim() {
+    const CLAIMS: usize = 40;
+    let env = Env::new("opsburst").await;
+    capi_pool(&env, "wide", capi_spec(&["10.73.0.0/24"], 24)).await;
+    for i in 0..CLAIMS {
+        claim(&env, &format!("b-{i:02}"), "InClusterIPPool", "wide").await;
+    }
+    let endpoints = Endpoints::new();
+    let mut bitpool = start(&env, &endpoints, false, &[]);
+    wait_all_ready(&env, CLAIMS, WAIT).await;
+    let allocated = format!("allocated {CLAIMS} addresses, one to each of {CLAIMS} claims");
+    wait_event_noting(&env, "wide", "AddressAllocated", &allocated).await;
+    bitpool.terminate();
+    assert!(bitpool.wait_exit(WAIT), "bitpool did not stop");
+
+    let claims: Api<IPAddressClaim> = env.api();
+    claims
+        .delete_collection(&DeleteParams::default(), &Default::default())
+        .await
+        .expect("delete the claims");
+    let _bitpool = start(&env, &endpoints, false, &[]);
+    eventually("every claim gone", WAIT, || async {
+        claims
+            .list(&Default::default())
+            .await
+            .ok()
+            .filter(|l| l.items.is_empty())
+            .map(drop)
+    })
+    .await;
+    let released = format!("the addresses of {CLAIMS} deleted claims went back to the pool");
+    wait_event_noting(&env, "wide", "AddressReleased", &released).await;
+    let events: Api<Event> = env.api();
+    let told_claims: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .expect("list the Events")
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("IPAddressClaim"))
+        .map(|e| {
+            let about = e.regarding.and_then(|r| r.name).unwrap_or_default();
+            let by = e.reporting_instance.unwrap_or_default();
+            let reason = e.reason.unwrap_or_default();
+            format!(
+                "{reason} about {about} by {by}: {}",
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(
+        told_claims.is_empty(),
+        "claims told one by one: {told_claims:?}"
+    );
 }
 
 /// Without `--insecure-diagnostics`, `/metrics` is HTTPS and answers only callers the API

@@ -145,14 +145,11 @@ impl Events {
 
     /// Whether an Event of `reason` about `regarding` may go now (and counts it if so).
     fn admit(&self, regarding: &ObjectReference, reason: Reason) -> bool {
-        let object = format!(
-            "{}/{}/{}/{}",
-            regarding.kind.as_deref().unwrap_or_default(),
-            regarding.namespace.as_deref().unwrap_or_default(),
-            regarding.name.as_deref().unwrap_or_default(),
-            regarding.uid.as_deref().unwrap_or_default(),
-        );
-        if self.per_object.check_key(&(object, reason)).is_err() {
+        if self
+            .per_object
+            .check_key(&(limit_key(regarding), reason))
+            .is_err()
+        {
             return false;
         }
         if self.overall.check().is_err() {
@@ -169,6 +166,23 @@ impl Events {
             *pruned = std::time::Instant::now();
         }
         true
+    }
+
+    /// Sends one Event about `regarding` that tells of each of `covered` as well (a pool's Event
+    /// for a burst of its claims): each counts as told for the per-object limit, so that a claim
+    /// told in bulk is not told again on its own within the period.
+    pub fn publish_covering(
+        &self,
+        regarding: ObjectReference,
+        reason: Reason,
+        note: String,
+        covered: impl IntoIterator<Item = ObjectReference>,
+    ) {
+        for object in covered {
+            // Spent, not sent: the bulk Event speaks for it.
+            let _ = self.per_object.check_key(&(limit_key(&object), reason));
+        }
+        self.publish(regarding, reason, note);
     }
 
     /// Sends an Event about `regarding` in the background, unless a limit holds it back.
@@ -194,6 +208,17 @@ impl Events {
     }
 }
 
+/// An object as the per-object limit knows it.
+fn limit_key(regarding: &ObjectReference) -> String {
+    format!(
+        "{}/{}/{}/{}",
+        regarding.kind.as_deref().unwrap_or_default(),
+        regarding.namespace.as_deref().unwrap_or_default(),
+        regarding.name.as_deref().unwrap_or_default(),
+        regarding.uid.as_deref().unwrap_or_default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,6 +240,29 @@ mod tests {
         assert!(!events.admit(&object("a"), Reason::PoolExhausted));
         assert!(events.admit(&object("a"), Reason::AddressAllocated));
         assert!(events.admit(&object("b"), Reason::PoolExhausted));
+    }
+
+    /// A pool's Event for a burst speaks for its claims: a claim it covered is not told again
+    /// on its own (as a reconcile whose cache lags behind the burst's statuses would), one it
+    /// did not cover is, and the pool's own Event went.
+    #[test]
+    fn an_event_for_a_burst_stands_for_each_claim_it_covers() {
+        let events = Events::for_tests(Arc::new(Metrics::new()));
+        let pool = ObjectReference {
+            kind: Some("InClusterIPPool".into()),
+            ..object("pool")
+        };
+        let covered = [object("a"), object("b")];
+        let note = "allocated 2 addresses".to_string();
+        events.publish_covering(pool.clone(), Reason::AddressAllocated, note, covered);
+        assert!(!events.admit(&object("a"), Reason::AddressAllocated));
+        assert!(!events.admit(&object("b"), Reason::AddressAllocated));
+        assert!(events.admit(&object("c"), Reason::AddressAllocated));
+        assert!(events.admit(&object("a"), Reason::AddressReleased));
+        assert!(
+            !events.admit(&pool, Reason::AddressAllocated),
+            "the pool was told"
+        );
     }
 
     #[test]

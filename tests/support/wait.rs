@@ -115,22 +115,38 @@ pub async fn wait_ipclaim(env: &Env, name: &str) {
 /// Waits for an Event with `reason` in `namespace`, about the object named `about` (about any
 /// object when `None`).
 pub async fn wait_event_in(env: &Env, namespace: &str, about: Option<&str>, reason: &str) {
-    let events: Api<Event> = Api::namespaced(env.client.clone(), namespace);
     let what = format!(
         "an Event {reason} in {namespace} about {}",
         about.unwrap_or("any object")
     );
-    eventually(&what, WAIT, || async {
+    wait_event_matching(env, namespace, &what, |e| {
+        about.is_none_or(|name| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            && e.reason.as_deref() == Some(reason)
+    })
+    .await;
+}
+
+/// Waits for an Event with `reason` and `note` about the object `about` of the test namespace.
+pub async fn wait_event_noting(env: &Env, about: &str, reason: &str, note: &str) {
+    let what = format!("an Event {reason} about {about} noting \"{note}\"");
+    wait_event_matching(env, env.name(), &what, |e| {
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(about)
+            && e.reason.as_deref() == Some(reason)
+            && e.note.as_deref() == Some(note)
+    })
+    .await;
+}
+
+async fn wait_event_matching(
+    env: &Env,
+    namespace: &str,
+    what: &str,
+    matches: impl Fn(&Event) -> bool,
+) {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), namespace);
+    eventually(what, WAIT, || async {
         let list = events.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .filter(|e| {
-                about.is_none_or(|name| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                })
-            })
-            .any(|e| e.reason.as_deref() == Some(reason))
-            .then_some(())
+        list.items.iter().any(&matches).then_some(())
     })
     .await;
 }
