@@ -69,6 +69,11 @@ struct Args {
     /// Requests the load command keeps in flight.
     #[arg(long, default_value_t = 8)]
     connections: usize,
+    /// Claims the load command takes through the contract's writes itself, before each run and
+    /// after it (the server's own rate for the contract; a run's own size compares it with a
+    /// server holding as many objects).
+    #[arg(long, default_value_t = 1000)]
+    contract_sample: usize,
     /// The largest run the peer takes part in (the upstream provider slows down as pools fill).
     #[arg(long, default_value_t = 3000)]
     peer_max: usize,
@@ -124,6 +129,7 @@ async fn run(args: Args) -> Result<(), String> {
         kubeconfig,
         logs: args.logs.clone(),
         limit: Duration::from_secs(args.timeout),
+        contract_sample: args.contract_sample,
     };
     if let Some(count) = args.admission {
         let rows = admission::measure(&runner.load, count, runner.limit).await?;

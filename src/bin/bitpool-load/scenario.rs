@@ -11,8 +11,6 @@ use crate::workload::{self, Load, Pool, Verdict, Watch};
 /// Raw creates measured before a run and again after it (the server's rate moves with the
 /// machine's load, so the run is compared with the mean of both).
 const RAW_SAMPLE: usize = 2000;
-/// Claims the load command takes through the contract's writes itself, before a run.
-const CONTRACT_SAMPLE: usize = 1000;
 const RAW_NAMESPACE: &str = "bitpool-load-raw";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +194,10 @@ pub struct Runner {
     pub kubeconfig: PathBuf,
     pub logs: PathBuf,
     pub limit: Duration,
+    /// Claims the load command takes through the contract's writes itself, before a run and
+    /// again after its deletion with the provider still running (compared with the mean of
+    /// both, as raw creates are: one sample of 1,000 moved by up to half between the two).
+    pub contract_sample: usize,
 }
 
 /// The state of a run between its phases.
@@ -212,10 +214,7 @@ impl Runner {
     pub async fn run(&self, provider: &Provider, scenario: &Scenario) -> Result<Row, String> {
         let mut run = self.prepare(provider, scenario).await?;
         let raw_before = self.raw_rate().await?;
-        let contract = self
-            .load
-            .contract_rate(RAW_NAMESPACE, CONTRACT_SAMPLE)
-            .await?;
+        let contract_before = self.contract_rate().await?;
         let (allocation, allocation_cpu) = self.allocate(&mut run, scenario).await?;
         let verdict = workload::verify(&self.load, &run.namespace, run.flavour, &run.pools).await?;
         let start_up = match scenario.mode {
@@ -223,6 +222,15 @@ impl Runner {
             _ => None,
         };
         let (deletion, deletion_cpu) = self.delete(&mut run).await?;
+        let contract_after = self.contract_rate().await?;
+        let contract = (
+            (contract_before.0 + contract_after.0) / 2.0,
+            (contract_before.1 + contract_after.1) / 2.0,
+        );
+        eprintln!(
+            "load: contract claims/s before the run {:.0}, {:.0}; after it {:.0}, {:.0}",
+            contract_before.0, contract_before.1, contract_after.0, contract_after.1
+        );
         let peak_rss_mib = run.running.usage()?.peak_rss_mib;
         self.finish(run).await?;
         let raw = (raw_before + self.raw_rate().await?) / 2.0;
@@ -306,6 +314,12 @@ impl Runner {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    async fn contract_rate(&self) -> Result<(f64, f64), String> {
+        self.load
+            .contract_rate(RAW_NAMESPACE, self.contract_sample)
+            .await
     }
 
     async fn raw_rate(&self) -> Result<f64, String> {
