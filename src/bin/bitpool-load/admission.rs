@@ -109,21 +109,7 @@ async fn median(webhooks: &Webhooks, body: &[u8], count: usize) -> Result<f64, S
 }
 
 async fn pool(load: &Load) -> Result<InClusterIPPool, String> {
-    let api: Api<InClusterIPPool> = Api::namespaced(load.client.clone(), NAMESPACE);
-    let pool: InClusterIPPool = serde_json::from_value(json!({
-        "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2",
-        "kind": "InClusterIPPool",
-        "metadata": {"name": POOL, "namespace": NAMESPACE},
-        "spec": {"addresses": ["10.128.0.0/16"], "prefix": 16},
-    }))
-    .map_err(|e| e.to_string())?;
-    match api.create(&PostParams::default(), &pool).await {
-        Ok(created) => Ok(created),
-        Err(kube::Error::Api(e)) if e.is_already_exists() => {
-            api.get(POOL).await.map_err(|e| e.to_string())
-        }
-        Err(e) => Err(format!("cannot create the pool: {e}")),
-    }
+    load.ensure_pool(NAMESPACE, POOL, "10.128.0.0/16").await
 }
 
 fn address_object(ip: std::net::Ipv4Addr) -> IPAddress {

@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 use bitpool::api::capi::{
     IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference, LocalObjectName,
 };
+use bitpool::api::capi_pools::InClusterIPPool;
 use futures::{StreamExt, stream};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, ObjectMeta, PostParams,
 };
@@ -191,25 +193,59 @@ impl Load {
     /// The server's own limit for the contract: claims per second that the load command alone
     /// takes through the writes a provider and its user make for each claim, phase by phase on
     /// the same connections: create the claims, add their finalizers, create their address
-    /// objects (with finalizers), write their statuses; then, to delete, delete the claims and
-    /// the address objects, and drop both finalizers. Returns (allocations/s, deletions/s). The
-    /// claims name a pool kind no provider serves.
+    /// objects (with finalizers, and owned by their claim and a pool as the contract says),
+    /// write their statuses; then, to delete, delete the claims and the address objects, and
+    /// drop both finalizers. Returns (allocations/s, deletions/s). The claims name a pool kind no
+    /// provider serves; the pool that owns the objects serves none of them.
     pub async fn contract_rate(&self, namespace: &str, count: usize) -> Result<(f64, f64), String> {
         let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
         let addresses: Api<IPAddress> = Api::namespaced(self.client.clone(), namespace);
+        let pool = self
+            .ensure_pool(namespace, CONTRACT_POOL, "192.0.2.0/24")
+            .await?;
+        let apis = ContractApis {
+            claims,
+            addresses,
+            pool: owner(&pool, false)?,
+            claim_owners: std::sync::Mutex::new(HashMap::new()),
+        };
         let names: Vec<String> = (0..count).map(|i| format!("contract-{i:06}")).collect();
         let started = Instant::now();
         for step in ContractStep::ALLOCATION {
-            self.each(names.clone(), |name| step.run(&claims, &addresses, name))
+            self.each(names.clone(), |name| step.run(&apis, name))
                 .await?;
         }
         let allocations = count as f64 / started.elapsed().as_secs_f64();
         let started = Instant::now();
         for step in ContractStep::DELETION {
-            self.each(names.clone(), |name| step.run(&claims, &addresses, name))
+            self.each(names.clone(), |name| step.run(&apis, name))
                 .await?;
         }
         Ok((allocations, count as f64 / started.elapsed().as_secs_f64()))
+    }
+
+    /// The InClusterIPPool `name` of `namespace` (made unless it is there) over `network`.
+    pub async fn ensure_pool(
+        &self,
+        namespace: &str,
+        name: &str,
+        network: &str,
+    ) -> Result<InClusterIPPool, String> {
+        let api: Api<InClusterIPPool> = Api::namespaced(self.client.clone(), namespace);
+        let pool: InClusterIPPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2",
+            "kind": "InClusterIPPool",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"addresses": [network], "prefix": network.split('/').nth(1).and_then(|p| p.parse::<u8>().ok())},
+        }))
+        .map_err(|e| e.to_string())?;
+        match api.create(&PostParams::default(), &pool).await {
+            Ok(created) => Ok(created),
+            Err(kube::Error::Api(e)) if e.is_already_exists() => {
+                api.get(name).await.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(format!("cannot create the pool {namespace}/{name}: {e}")),
+        }
     }
 
     /// Runs `call` for every item, `connections` at a time, each retried a few times.
@@ -278,12 +314,8 @@ impl ContractStep {
     ];
 
     /// Makes the write for claim `name` (a retry that finds it done succeeds).
-    async fn run(
-        self,
-        claims: &Api<IPAddressClaim>,
-        addresses: &Api<IPAddress>,
-        name: String,
-    ) -> Result<(), kube::Error> {
+    async fn run(self, apis: &ContractApis, name: String) -> Result<(), kube::Error> {
+        let (claims, addresses) = (&apis.claims, &apis.addresses);
         let params = kube::api::PatchParams::default();
         let delete = DeleteParams::default();
         match self {
@@ -297,13 +329,33 @@ impl ContractStep {
                 );
                 ignore_existing(claims.create(&PostParams::default(), &claim).await)
             }
-            Self::AddClaimFinalizer => claims
-                .patch(&name, &params, &finalizers(&[PROBE_FINALIZER]))
-                .await
-                .map(drop),
+            Self::AddClaimFinalizer => {
+                let claim = claims
+                    .patch(&name, &params, &finalizers(&[PROBE_FINALIZER]))
+                    .await?;
+                if let Ok(mut owners) = apis.claim_owners.lock() {
+                    owners.insert(name, claim.metadata.uid.unwrap_or_default());
+                }
+                Ok(())
+            }
             Self::CreateAddress => {
+                let claim_uid = apis
+                    .claim_owners
+                    .lock()
+                    .ok()
+                    .and_then(|owners| owners.get(&name).cloned())
+                    .unwrap_or_default();
                 let mut address = raw_address(&name);
                 address.metadata.finalizers = Some(vec![PROBE_FINALIZER.into()]);
+                let claim = OwnerReference {
+                    api_version: format!("{POOL_GROUP}/v1beta2"),
+                    kind: "IPAddressClaim".into(),
+                    name: name.clone(),
+                    uid: claim_uid,
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                };
+                address.metadata.owner_references = Some(vec![claim, apis.pool.clone()]);
                 ignore_existing(addresses.create(&PostParams::default(), &address).await)
             }
             Self::WriteStatus => {
@@ -348,6 +400,33 @@ fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), kube::Error> {
         Err(kube::Error::Api(e)) if e.is_not_found() => Ok(()),
         other => other,
     }
+}
+
+/// The pool that owns the contract sample's address objects, as a provider's pool owns its own.
+const CONTRACT_POOL: &str = "contract";
+
+/// What the contract sample writes to, and the owners of its address objects.
+struct ContractApis {
+    claims: Api<IPAddressClaim>,
+    addresses: Api<IPAddress>,
+    pool: OwnerReference,
+    /// Claim name → UID, from each claim's finalizer patch.
+    claim_owners: std::sync::Mutex<HashMap<String, String>>,
+}
+
+/// `object` as an owner that blocks its deletion, the controller or not.
+fn owner<K: kube::Resource<DynamicType = ()>>(
+    object: &K,
+    controller: bool,
+) -> Result<OwnerReference, String> {
+    let owner = object
+        .owner_ref(&())
+        .ok_or_else(|| format!("{} has no UID", object.name_any()))?;
+    Ok(OwnerReference {
+        controller: Some(controller),
+        block_owner_deletion: Some(true),
+        ..owner
+    })
 }
 
 fn probe_pool() -> IPPoolReference {
