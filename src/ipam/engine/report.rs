@@ -343,26 +343,25 @@ pub(super) async fn write_statuses(
             }
         }
     }
-    let allocated = |outcome: &Outcome| matches!(outcome, Outcome::Allocated { .. });
-    let telling = telling(changed.iter().filter(|(_, o)| allocated(o)).count());
-    let mut newly_exhausted = 0;
-    for (claim, outcome) in &changed {
-        if telling != Telling::EachClaim && allocated(outcome) {
-            continue;
+    let (allocated, others): (Vec<_>, Vec<_>) = changed
+        .into_iter()
+        .partition(|(_, outcome)| matches!(outcome, Outcome::Allocated { .. }));
+    let events = &ctx.ops.events;
+    let told_each = match telling(allocated.len()) {
+        Telling::EachClaim => allocated,
+        Telling::Pool(n) => {
+            let note = format!("allocated {n} addresses, one to each of {n} claims");
+            let covered = allocated.iter().map(|(claim, _)| claim.object_ref());
+            let reason = Reason::AddressAllocated;
+            events.publish_covering(pool.clone(), reason, note, covered);
+            Vec::new()
         }
+    };
+    let mut newly_exhausted = 0;
+    for (claim, outcome) in told_each.iter().chain(&others) {
         if let Some(Reason::PoolExhausted) = claim_event(ctx, key, claim, outcome) {
             newly_exhausted += 1;
         }
-    }
-    let events = &ctx.ops.events;
-    if let Telling::Pool(n) = telling {
-        let note = format!("allocated {n} addresses, one to each of {n} claims");
-        let covered = changed
-            .iter()
-            .filter(|(_, o)| allocated(o))
-            .map(|(c, _)| c.object_ref());
-        let reason = Reason::AddressAllocated;
-        events.publish_covering(pool.clone(), reason, note, covered);
     }
     if newly_exhausted > 0 {
         let note = format!("no free address for {newly_exhausted} new claim(s)");
