@@ -113,8 +113,9 @@ impl Controllers {
     /// Runs them all until they stop (at shutdown): the IPAM engine's on its context, the
     /// Metal3Data reconciler's on the shared one.
     async fn run(self, ctx: &Arc<Context>, ipam_ctx: &Arc<ipam::Context>) {
-        // The CAPI pool kinds serve new claims while the address objects are being listed.
-        let (early, all) = (Needs::AllButAddresses, Needs::Everything);
+        // The CAPI pool kinds serve new claims while the claims and address objects are being
+        // listed.
+        let (early, all) = (Needs::AllButClaimsAndAddresses, Needs::Everything);
         let ipam = future::join5(
             run_controller(self.in_cluster, early, engine::reconcile, ipam_ctx),
             run_controller(self.global, early, engine::reconcile, ipam_ctx),

@@ -1351,6 +1351,108 @@ async fn a_lost_ledger_of_a_metal3_or_prefix_pool_never_yields_a_duplicate() {
     assert_warnings_name_objects(&second);
 }
 
+/// A pool whose 20 claims (`old-NNNN`) a process served and which then stopped as a crash
+/// would: where the restart tests begin.
+async fn served_then_stopped(name: &str, cidr: &str) -> Env {
+    let env = Env::new(name).await;
+    capi_pool(&env, "pool", capi_spec(&[cidr], 24)).await;
+    let mut first = Bitpool::start(env.name(), &[]);
+    burst(&env, "old", "InClusterIPPool", "pool", 20).await;
+    assert_consistent(&env, "InClusterIPPool", "pool", 20, WAIT).await;
+    first.kill();
+    env
+}
+
+/// The address of the object `name`, which no other object holds.
+async fn held_once(env: &Env, name: &str) -> String {
+    let address = address_of(env, name).await;
+    let objects: Vec<IPAddress> = listed(env, |_: &IPAddress| true)
+        .await
+        .expect("list the address objects");
+    let holding_it: Vec<String> = objects
+        .iter()
+        .filter(|a| a.spec.address == address)
+        .map(|a| a.name_any())
+        .collect();
+    assert_eq!(holding_it, [name], "{address} is held once");
+    address
+}
+
+/// A restarted process serves a claim made after it started while the claims themselves are
+/// still being listed (held back by a relay, as 100,000 claims hold a list for tens of seconds):
+/// it follows the claims' changes from when it began, and takes the address from the pool's
+/// ledger. What the list alone can show waits for it: a claim made while no process ran, and the
+/// release of a deleted claim, one deleted before the restart and one served and deleted since.
+/// Once the list arrives, all are settled and nothing is held twice.
+#[tokio::test]
+async fn new_claims_are_served_before_the_claims_are_listed() {
+    let env = served_then_stopped("arriving", "10.67.0.0/24").await;
+
+    // While no process runs.
+    let claims: Api<IPAddressClaim> = env.api();
+    claims
+        .delete("old-0001", &DeleteParams::default())
+        .await
+        .expect("delete a claim");
+    claim(&env, "down", "InClusterIPPool", "pool").await;
+
+    let relay = support::hold::Holding::start(env.client.clone(), "ipaddressclaims").await;
+    let bitpool = Bitpool::start_via(&relay.kubeconfig(env.name()), env.name(), &[]);
+    eventually("bitpool follows the claims' changes", WAIT, || async {
+        (relay.following() > 0).then_some(())
+    })
+    .await;
+    claim(&env, "new", "InClusterIPPool", "pool").await;
+    wait_claim(&env, "new", "served while the claims are held back", |c| {
+        c.status == "True"
+    })
+    .await;
+    assert!(relay.held() > 0, "bitpool never asked for the claims");
+    let new_address = held_once(&env, "new").await;
+    // Served and deleted while the list is held: the next claim's reconcile sees the deletion
+    // (the changes come in order) and must leave it to the list.
+    claims
+        .delete("new", &DeleteParams::default())
+        .await
+        .expect("delete the new claim");
+    claim(&env, "newer", "InClusterIPPool", "pool").await;
+    wait_claim(
+        &env,
+        "newer",
+        "served while the claims are held back",
+        |c| c.status == "True",
+    )
+    .await;
+    assert_ne!(address_of(&env, "newer").await, new_address);
+    for (name, what) in [
+        ("new", "deleted since the restart"),
+        ("old-0001", "deleted before it"),
+    ] {
+        let deleting = claims.get_opt(name).await.expect("read the claim");
+        assert!(
+            deleting.is_some(),
+            "a claim {what} was released before the list"
+        );
+    }
+    let down = claims.get("down").await.expect("read the claim");
+    assert!(ready(&down).is_none(), "served unseen: {down:?}");
+
+    relay.release();
+    wait_claim(&env, "down", "served once the claims are listed", |c| {
+        c.status == "True"
+    })
+    .await;
+    for name in ["new", "old-0001"] {
+        eventually(&format!("{name} is released"), WAIT, || async {
+            matches!(claims.get_opt(name).await, Ok(None)).then_some(())
+        })
+        .await;
+    }
+    // 19 old claims, "down" and "newer".
+    assert_consistent(&env, "InClusterIPPool", "pool", 21, WAIT).await;
+    assert_warnings_name_objects(&bitpool);
+}
+
 /// A restarted process serves a new claim from the pool's ledger while the address objects are
 /// still being listed (here held back by a relay, as 100,000 objects would hold a list for
 /// seconds), and leaves to the list what needs it: a claim whose object exists but whose status
@@ -1358,12 +1460,7 @@ async fn a_lost_ledger_of_a_metal3_or_prefix_pool_never_yields_a_duplicate() {
 /// claim keeps its address. Once the list arrives, both are settled and nothing is held twice.
 #[tokio::test]
 async fn new_claims_are_served_before_the_address_objects_are_listed() {
-    let env = Env::new("unlisted").await;
-    capi_pool(&env, "pool", capi_spec(&["10.66.0.0/24"], 24)).await;
-    let mut first = Bitpool::start(env.name(), &[]);
-    burst(&env, "old", "InClusterIPPool", "pool", 20).await;
-    assert_consistent(&env, "InClusterIPPool", "pool", 20, WAIT).await;
-    first.kill();
+    let env = served_then_stopped("unlisted", "10.66.0.0/24").await;
 
     // While no process runs.
     let claims: Api<IPAddressClaim> = env.api();
@@ -1395,16 +1492,10 @@ async fn new_claims_are_served_before_the_address_objects_are_listed() {
         relay.held() > 0,
         "bitpool never asked for the address objects"
     );
+    held_once(&env, "new").await;
     let objects: Vec<IPAddress> = listed(&env, |_: &IPAddress| true)
         .await
         .expect("list the address objects");
-    let new_address = address_of(&env, "new").await;
-    let holding_it: Vec<String> = objects
-        .iter()
-        .filter(|a| a.spec.address == new_address)
-        .map(|a| a.name_any())
-        .collect();
-    assert_eq!(holding_it, ["new"], "{new_address} is held once");
     // What needs the objects waited for them.
     let lost = claims.get("old-0000").await.expect("read the claim");
     assert!(

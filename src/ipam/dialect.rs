@@ -99,6 +99,12 @@ pub trait PoolDialect:
     fn ledger_identity(&self) -> String {
         self.uid().unwrap_or_default()
     }
+    /// Whether the watch caches hold every claim this kind's pools can have: their initial
+    /// lists have arrived.
+    fn claims_listed(ctx: &Context) -> bool {
+        ctx.claims.is_ready()
+            && (Self::ADDRESS_KINDS == AddressKinds::Capi || ctx.ipclaims.is_ready())
+    }
     /// Whether the watch caches hold every address object this kind's pools can have: their
     /// initial lists have arrived.
     fn addresses_listed(ctx: &Context) -> bool {
@@ -151,6 +157,12 @@ pub trait PoolDialect:
     fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
         let key = self.key();
         cached_claims(&ctx.claims, &key)
+    }
+    /// The pool's claims made or changed since the process began to watch, while the claims
+    /// are still being listed ([`Index::arrivals_of`]).
+    fn arriving_claims(&self, ctx: &Context) -> Vec<AnyClaim> {
+        let key = self.key();
+        of_pool(ctx.claims.arrivals_of(key.namespace.as_deref()), &key)
     }
     /// The claim finalizer, per claim kind (by default the Cluster API contract's).
     fn claim_finalizer(_kind: ClaimKind) -> &'static str {
@@ -211,9 +223,12 @@ pub trait PoolDialect:
 /// The claims of `cache` that name the pool `key` (a namespaced pool is named only from its
 /// own namespace: only that one is read).
 pub fn cached_claims(cache: &Index<ClaimObject>, key: &PoolKey) -> Vec<AnyClaim> {
-    cache
-        .state_of(key.namespace.as_deref())
-        .into_iter()
+    of_pool(cache.state_of(key.namespace.as_deref()), key)
+}
+
+/// Those of `claims` that name the pool `key`.
+fn of_pool(claims: Vec<Arc<ClaimObject>>, key: &PoolKey) -> Vec<AnyClaim> {
+    (claims.into_iter())
         .map(AnyClaim::from)
         .filter(|c| c.is_of(key))
         .collect()

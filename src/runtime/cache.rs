@@ -173,7 +173,8 @@ impl Caches {
             );
         }
         Self {
-            claims: Watched::new(ClaimObject::of_capi),
+            // New claims are served before 100,000 claims are listed (`ipam::engine`).
+            claims: Watched::new(ClaimObject::of_capi).with_arrivals(),
             addresses: Watched::new(AddressObject::of_capi),
             ipclaims: Watched::new(ClaimObject::of_metal3),
             metal3_addresses: Watched::new(AddressObject::of_metal3),

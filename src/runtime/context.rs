@@ -93,10 +93,10 @@ pub struct Settings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Needs {
     Everything,
-    /// Every cache but the address objects': the pool engine serves new claims of some pool
-    /// kinds from their ledgers while the address objects are still being listed (see
-    /// `ipam::engine`), which at 100,000 objects takes seconds.
-    AllButAddresses,
+    /// Every cache but the claims' and the address objects': the pool engine serves new claims
+    /// of some pool kinds from their ledgers while those are still being listed (see
+    /// `ipam::engine`), which at 100,000 objects takes the server tens of seconds.
+    AllButClaimsAndAddresses,
 }
 
 /// What every reconcile reads: the client, the settings and the shared caches.
@@ -175,8 +175,8 @@ impl Context {
                 }
             }
         }
-        self.claims.wait_until_ready().await;
         if needs == Needs::Everything {
+            self.claims.wait_until_ready().await;
             self.addresses.wait_until_ready().await;
         }
         ready(&self.pools).await;
@@ -187,8 +187,8 @@ impl Context {
         let groups = self.settings.groups;
         if groups.metal3_kinds() {
             ready(&self.ippools).await;
-            self.ipclaims.wait_until_ready().await;
             if needs == Needs::Everything {
+                self.ipclaims.wait_until_ready().await;
                 self.metal3_addresses.wait_until_ready().await;
             }
         }

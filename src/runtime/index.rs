@@ -28,6 +28,9 @@ type Objects<T> = HashMap<Arc<str>, HashMap<Arc<str>, Arc<T>>>;
 
 struct Inner<T> {
     objects: RwLock<Objects<T>>,
+    /// What changed since the watch began, while its first list is still coming
+    /// ([`super::arrivals`]); empty once the list is complete.
+    arrivals: RwLock<Objects<T>>,
     ready: watch::Sender<bool>,
     subscribers: Mutex<Vec<mpsc::UnboundedSender<Arc<T>>>>,
     removal_subscribers: Mutex<Vec<mpsc::UnboundedSender<Arc<T>>>>,
@@ -57,6 +60,7 @@ impl<T: Cached> Index<T> {
         Self {
             inner: Arc::new(Inner {
                 objects: RwLock::new(HashMap::new()),
+                arrivals: RwLock::new(HashMap::new()),
                 ready: watch::Sender::new(false),
                 subscribers: Mutex::new(Vec::new()),
                 removal_subscribers: Mutex::new(Vec::new()),
@@ -89,6 +93,57 @@ impl<T: Cached> Index<T> {
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
         let objects = self.inner.objects.read().ok()?;
         objects.get(namespace)?.get(name).cloned()
+    }
+
+    /// The objects of `namespace` (or of every namespace, for `None`) changed since the
+    /// cache's watch began, while its first list has not arrived; none once it has. True, but
+    /// not all there is: for decisions that may be made from part of the objects only (see
+    /// [`super::arrivals`]).
+    pub fn arrivals_of(&self, namespace: Option<&str>) -> Vec<Arc<T>> {
+        let Ok(arrivals) = self.inner.arrivals.read() else {
+            return Vec::new();
+        };
+        match namespace {
+            Some(namespace) => (arrivals.get(namespace).into_iter())
+                .flat_map(|m| m.values().cloned())
+                .collect(),
+            None => arrivals
+                .values()
+                .flat_map(|m| m.values().cloned())
+                .collect(),
+        }
+    }
+
+    /// An object changed while the first list is coming: kept with the arrivals, and handed to
+    /// the subscribers as any change is.
+    pub(super) fn arrive(&self, object: T) {
+        let object = Arc::new(object);
+        {
+            let Ok(mut arrivals) = self.inner.arrivals.write() else {
+                return;
+            };
+            // Checked under the lock the list's completion clears the arrivals with.
+            if self.is_ready() {
+                return;
+            }
+            Self::insert(&mut arrivals, object.clone());
+        }
+        self.notify(&object);
+    }
+
+    /// An object deleted while the first list is coming: the subscribers that heard of its
+    /// arrival hear of its removal.
+    pub(super) fn depart(&self, namespace: &str, name: &str) {
+        let mut removed = None;
+        if let Ok(mut arrivals) = self.inner.arrivals.write()
+            && let Some(names) = arrivals.get_mut(namespace)
+        {
+            removed = names.remove(name);
+            if names.is_empty() {
+                arrivals.remove(namespace);
+            }
+        }
+        self.notify_removed(removed);
     }
 
     /// How many objects are cached.
@@ -240,6 +295,9 @@ impl<T: Cached> Index<T> {
                 }
                 self.notify_removed(gone);
                 self.inner.ready.send_replace(true);
+                if let Ok(mut arrivals) = self.inner.arrivals.write() {
+                    *arrivals = Objects::new();
+                }
                 // As the shared reflector does: every object once the list is complete.
                 for object in self.state() {
                     self.notify(&object);
@@ -253,6 +311,8 @@ impl<T: Cached> Index<T> {
 pub struct Watched<K, T> {
     pub index: Index<T>,
     convert: fn(&K) -> Option<T>,
+    /// Whether changes are followed while the first list is coming ([`super::arrivals`]).
+    arrivals: bool,
     driver: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -265,8 +325,15 @@ where
         Self {
             index: Index::new(),
             convert,
+            arrivals: false,
             driver: None,
         }
+    }
+
+    /// Follows the objects' changes while the first list is coming ([`super::arrivals`]).
+    pub fn with_arrivals(mut self) -> Self {
+        self.arrivals = true;
+        self
     }
 
     /// Replaces what the cache holds with `objects`, as a complete list from the server does.
@@ -303,10 +370,18 @@ where
         if self.driver.is_some() {
             return;
         }
-        let (index, convert) = (self.index.clone(), self.convert);
+        let (index, convert, arrivals) = (self.index.clone(), self.convert, self.arrivals);
         let kind = K::kind(&()).to_string();
         self.driver = Some(tokio::spawn(async move {
             after.await;
+            // Taken before the list begins (see `arrivals::current_version`).
+            let since = match arrivals {
+                true => super::arrivals::current_version(&api, &config).await,
+                false => None,
+            };
+            let arrivals = since.map(|since| {
+                super::arrivals::follow(api.clone(), config.clone(), since, index.clone(), convert)
+            });
             let streamed = watcher(api.clone(), config.clone().streaming_lists());
             let mut feed = Feed {
                 index,
@@ -314,9 +389,17 @@ where
                 kind,
                 relist: None,
             };
-            if feed.follow(streamed, ListStrategy::Streamed).await == Ended::Refused {
-                feed.follow(watcher(api, config), ListStrategy::Listed)
-                    .await;
+            let cache = async move {
+                if feed.follow(streamed, ListStrategy::Streamed).await == Ended::Refused {
+                    feed.follow(watcher(api, config), ListStrategy::Listed)
+                        .await;
+                }
+            };
+            match arrivals {
+                Some(arrivals) => {
+                    future::join(arrivals, cache).await;
+                }
+                None => cache.await,
             }
         }));
     }
@@ -479,6 +562,43 @@ mod tests {
             ["old", "b"],
             "missing from the relist, then deleted"
         );
+    }
+
+    /// While the first list is coming, the changes since the watch began are the arrivals:
+    /// handed to subscribers, gone when deleted (the removal told), not the cache, and dropped
+    /// once the list is complete, after which none are taken.
+    #[tokio::test]
+    async fn arrivals_stand_until_the_first_list_is_complete() {
+        let index: Index<Named> = Index::new();
+        let triggers = index.subscribe();
+        let removed = index.subscribe_removed();
+        let arrived = |name: &str, version: u32| same(&named(name, version)).expect("named");
+        index.arrive(arrived("new", 5));
+        index.arrive(arrived("gone", 6));
+        index.depart("ns", "gone");
+        let names = |objects: Vec<Arc<Named>>| -> Vec<String> {
+            objects.iter().map(|o| o.name.to_string()).collect()
+        };
+        assert_eq!(names(index.arrivals_of(Some("ns"))), ["new"]);
+        assert_eq!(names(index.arrivals_of(None)), ["new"]);
+        assert!(index.arrivals_of(Some("other")).is_empty());
+        assert!(
+            index.get("ns", "new").is_none(),
+            "arrivals are not the cache"
+        );
+        let mut relist = None;
+        index.apply(watcher::Event::Init, &mut relist, same);
+        index.apply(watcher::Event::InitApply(named("a", 1)), &mut relist, same);
+        index.apply(watcher::Event::InitDone, &mut relist, same);
+        assert!(index.arrivals_of(None).is_empty(), "dropped with the list");
+        index.arrive(arrived("late", 7));
+        assert!(index.arrivals_of(None).is_empty(), "taken after the list");
+        drop(index);
+        let mut told: Vec<String> = triggers.map(|o| o.name.to_string()).collect().await;
+        told.sort();
+        assert_eq!(told, ["a", "gone", "new"]);
+        let removed: Vec<String> = removed.map(|o| o.name.to_string()).collect().await;
+        assert_eq!(removed, ["gone"]);
     }
 
     /// Many objects that map to one reconcile request wait as that request: a controller that

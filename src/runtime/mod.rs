@@ -9,9 +9,11 @@
 //! - [`error`]: errors that name the call and the object, split into transient and permanent;
 //! - [`index`], [`cached`], [`intern`], [`lean`]: the caches of claims and address objects, as
 //!   bitpool's own compact types, fed by watches that skip what no reconcile reads;
+//!   [`arrivals`]: the claims that change while their first list is still coming;
 //! - [`objects`]: small operations on any object (finalizers, conditions, owners, pause,
 //!   get-optional, delete-ignoring-missing).
 
+pub mod arrivals;
 pub mod cache;
 pub mod cached;
 pub mod context;

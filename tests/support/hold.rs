@@ -1,6 +1,7 @@
-//! An HTTP relay to the API server that holds back the lists and watches of one resource until
-//! the test releases them, as a server slow to list 100,000 objects would; every other request
-//! passes at once. It speaks plain HTTP on 127.0.0.1 and reaches the server as the test's own
+//! An HTTP relay to the API server that holds back the lists of one resource (and the watches
+//! that begin with one) until the test releases them, as a server slow to list 100,000 objects
+//! would; every other request passes at once, among them a list of one object and a watch from a
+//! given version (what bitpool follows the changes with while a list is coming). It speaks plain HTTP on 127.0.0.1 and reaches the server as the test's own
 //! client does, as `kubectl proxy` would.
 
 use std::convert::Infallible;
@@ -33,6 +34,7 @@ pub struct Holding {
     pub addr: SocketAddr,
     released: watch::Sender<bool>,
     held: Arc<AtomicUsize>,
+    following: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -44,10 +46,11 @@ struct Relay {
     suffix: String,
     released: watch::Receiver<bool>,
     held: Arc<AtomicUsize>,
+    following: Arc<AtomicUsize>,
 }
 
 impl Holding {
-    /// Relays to `client`'s API server, holding back every GET of a collection named
+    /// Relays to `client`'s API server, holding back every list of a collection named
     /// `resource` (its plural, in any group, version and namespace) until [`Self::release`].
     pub async fn start(client: Client, resource: &str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
@@ -56,11 +59,13 @@ impl Holding {
         let addr = listener.local_addr().expect("the relay's address");
         let (released, receiver) = watch::channel(false);
         let held = Arc::new(AtomicUsize::new(0));
+        let following = Arc::new(AtomicUsize::new(0));
         let relay = Relay {
             client,
             suffix: format!("/{resource}"),
             released: receiver,
             held: held.clone(),
+            following: following.clone(),
         };
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -77,6 +82,7 @@ impl Holding {
             addr,
             released,
             held,
+            following,
             task,
         }
     }
@@ -84,6 +90,11 @@ impl Holding {
     /// How many requests were held back so far.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// How many watches of the resource's changes from a given version passed so far.
+    pub fn following(&self) -> usize {
+        self.following.load(Ordering::SeqCst)
     }
 
     /// Lets every held request through, and every later one at once.
@@ -120,8 +131,16 @@ impl Relay {
     async fn forward(mut self, request: Request<Incoming>) -> Result<Response<Body>, Infallible> {
         let path = request.uri().path();
         if request.method() == Method::GET && path.ends_with(&self.suffix) {
-            self.held.fetch_add(1, Ordering::SeqCst);
-            let _ = self.released.wait_for(|released| *released).await;
+            match Reading::of(request.uri().query().unwrap_or("")) {
+                Reading::Existing => {
+                    self.held.fetch_add(1, Ordering::SeqCst);
+                    let _ = self.released.wait_for(|released| *released).await;
+                }
+                Reading::Changes => {
+                    self.following.fetch_add(1, Ordering::SeqCst);
+                }
+                Reading::OneObject => {}
+            }
         }
         let (parts, body) = request.into_parts();
         let body = match body.collect().await {
@@ -148,6 +167,36 @@ impl Relay {
                 Ok(Response::from_parts(parts, body))
             }
             Err(e) => Ok(failed(format!("relaying to the API server: {e}"))),
+        }
+    }
+}
+
+/// What a GET of a collection asks for.
+#[derive(Debug, PartialEq)]
+enum Reading {
+    /// Every existing object: a list, or a watch that begins with one (no version given, or
+    /// `sendInitialEvents`).
+    Existing,
+    /// The changes after a given version.
+    Changes,
+    /// A list of one object, for the collection's current version.
+    OneObject,
+}
+
+impl Reading {
+    fn of(query: &str) -> Self {
+        let params: Vec<(&str, &str)> = query
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .collect();
+        let value = |key: &str| params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+        let watch = matches!(value("watch"), Some("true" | "1"));
+        let versioned = value("resourceVersion").is_some_and(|v| !v.is_empty() && v != "0");
+        match watch {
+            true if versioned && value("sendInitialEvents") != Some("true") => Self::Changes,
+            true => Self::Existing,
+            false if value("limit") == Some("1") => Self::OneObject,
+            false => Self::Existing,
         }
     }
 }

@@ -24,7 +24,7 @@ pub(super) async fn apply<P: PoolDialect>(
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let (outcomes, committed) = (&reserved.outcomes, reserved.committed);
     create_addresses(pool, ctx, batch, outcomes, committed, spec_error).await;
-    if round.observed.sight == Sight::Unlisted {
+    if round.observed.sight != Sight::Listed {
         // Whether another claim's object holds the address of an object a create met needs the
         // objects: the claim waits for them (its new reservation is released all the same).
         batch.second.found.clear();

@@ -56,8 +56,8 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 /// Re-check of a pool whose claims wait for a free address.
 const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
 
-/// Re-check of a pool looked at before its address objects were listed: the first reconcile
-/// after the list does what that one left.
+/// Re-check of a pool looked at before its claims or address objects were listed: the first
+/// reconcile after the lists does what that one left.
 const UNLISTED_RECHECK: Duration = Duration::from_secs(1);
 
 /// What a reconcile sees of the pool's address objects.
@@ -71,6 +71,10 @@ enum Sight {
     /// lagging cache already is ([`read::may_serve_unlisted`]). Releases, sweeps, orphans,
     /// claims whose object turns up, and the pool's status wait for the list.
     Unlisted,
+    /// The claims are still being listed too: as [`Self::Unlisted`], for the claims made or
+    /// changed since the process began to watch ([`crate::runtime::arrivals`]). Those claims
+    /// are true but not all there are, and nothing above is decided from what they lack.
+    Arriving,
 }
 
 /// Runs `f` over `items`, at most [`PARALLEL_CALLS`] at a time.
@@ -166,10 +170,11 @@ impl Batch {
 /// One reconcile of a pool, phase by phase (see the module's documentation).
 pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Result<Action, Error> {
     let pool = &*pool;
-    let sight = match P::addresses_listed(&ctx) {
-        true => Sight::Listed,
-        false if read::may_serve_unlisted(pool) => Sight::Unlisted,
-        false => return Ok(Action::requeue(UNLISTED_RECHECK)),
+    let sight = match (P::claims_listed(&ctx), P::addresses_listed(&ctx)) {
+        (true, true) => Sight::Listed,
+        (true, false) if read::may_serve_unlisted(pool) => Sight::Unlisted,
+        (false, _) if read::may_serve_unlisted(pool) => Sight::Arriving,
+        _ => return Ok(Action::requeue(UNLISTED_RECHECK)),
     };
     if let Some(action) = gate(pool, &ctx).await? {
         return Ok(action);

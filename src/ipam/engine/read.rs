@@ -104,7 +104,7 @@ pub(super) async fn observe<P: PoolDialect>(
 ) -> Result<Option<Observed>, Error> {
     match sight {
         Sight::Listed => observe_listed(pool, ctx, deleting).await.map(Some),
-        Sight::Unlisted => observe_unlisted(pool, ctx).await,
+        Sight::Unlisted | Sight::Arriving => observe_unlisted(pool, ctx, sight).await,
     }
 }
 
@@ -116,16 +116,24 @@ pub(super) fn may_serve_unlisted<P: PoolDialect>(pool: &P) -> bool {
         && !moving::under_way(pool.meta())
 }
 
-/// Before the address objects are listed: the live claims whose status names no object, if
+/// Before the address objects are listed: the live claims whose status names no object (of
+/// those that arrived since the process began to watch, before the claims are listed too), if
 /// there are any and the pool's ledger is whole and unfenced (a record that may lack something
 /// is repaired from the objects, which are not there yet).
 async fn observe_unlisted<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
+    sight: Sight,
 ) -> Result<Option<Observed>, Error> {
-    let mut claims = select_claims(pool, ctx, false).await?;
-    claims.releasing.clear();
-    claims.live.retain(|c| c.status_address().is_none());
+    let candidates = match sight {
+        Sight::Arriving => pool.arriving_claims(ctx),
+        Sight::Listed | Sight::Unlisted => pool.claims(ctx),
+    };
+    // Chosen before they are sorted: a restarted pool may have 100,000 claims, nearly all served.
+    let unserved = (candidates.into_iter())
+        .filter(|c| !c.deleting() && c.status_address().is_none())
+        .collect();
+    let claims = select_from(pool, ctx, false, unserved).await?;
     if claims.live.is_empty() {
         return Ok(None);
     }
@@ -142,7 +150,7 @@ async fn observe_unlisted<P: PoolDialect>(
         known: AddressIndex::new(),
         fresh: None,
         orphaned: Vec::new(),
-        sight: Sight::Unlisted,
+        sight,
         outside,
     }))
 }
@@ -248,10 +256,19 @@ pub(super) async fn select_claims<P: PoolDialect>(
     ctx: &Arc<Context>,
     deleting_pool: bool,
 ) -> Result<Selected, Error> {
+    select_from(pool, ctx, deleting_pool, pool.claims(ctx)).await
+}
+
+/// [`select_claims`] of `claims` only.
+async fn select_from<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    deleting_pool: bool,
+    mut claims: Vec<AnyClaim>,
+) -> Result<Selected, Error> {
     // The reuse grace period does not hold up the release of a pool that is being deleted.
     let grace = pool.reuse_grace().filter(|_| !deleting_pool);
     let now = objects::now().0;
-    let mut claims = pool.claims(ctx);
     claims.sort_by_cached_key(age);
     let mut selected = Selected {
         live: Vec::new(),

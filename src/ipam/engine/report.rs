@@ -52,7 +52,7 @@ pub(super) async fn report<P: PoolDialect>(
     if let Some(e) = done.ledger_error {
         return Err(e);
     }
-    if round.observed.sight == Sight::Unlisted {
+    if round.observed.sight != Sight::Listed {
         // The pool's status (its counts, duplicates and overlaps) waits for the objects.
         tracing::debug!(pool = %key.describe(), "claims served before the address objects were listed");
         let next = batch
