@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use kube::runtime::reflector::ObjectRef;
+
 use crate::flavour::Flavour;
 use crate::provider::{Kind, Provider, Running, Serving, Usage};
 use crate::workload::{self, Load, Pool, Verdict, Watch};
@@ -111,8 +113,8 @@ pub struct Row {
     pub deletion: Duration,
     pub deletion_cpu: f64,
     pub peak_rss_mib: f64,
-    /// Held runs: process start to a new claim served, and memory after it.
-    pub start_up: Option<(Duration, f64)>,
+    /// Held runs: how soon the restarted process served new claims, and its memory then.
+    pub start_up: Option<StartUp>,
     pub verdict: Verdict,
 }
 
@@ -153,18 +155,52 @@ impl Row {
     }
 }
 
+/// A restart with every claim allocated, timed from the process start. Claims are made from that
+/// moment on, one every [`PROBE_EVERY`], until one is served.
+#[derive(Clone, Copy, Debug)]
+pub struct StartUp {
+    /// Until the first of them is served: from then on, new claims are served.
+    pub serving: Duration,
+    /// Until the one made at the start is served (which may come before the process has begun
+    /// to watch, and so be served only once it has listed every claim).
+    pub made_at_start: Duration,
+    pub rss_mib: f64,
+}
+
+/// How often a claim is made while a restarted provider starts.
+const PROBE_EVERY: Duration = Duration::from_millis(250);
+/// How often the claims made then are looked at.
+const PROBE_POLL: Duration = Duration::from_millis(20);
+
+fn probe_name(i: u32) -> String {
+    format!("restart-probe-{i:04}")
+}
+
+/// Which of the first `made` claims made at a restart in `namespace` are served, by number
+/// (looked up by name: the watch may hold 100,000 others).
+fn served_probes(watch: &Watch, namespace: &str, made: u32) -> Vec<u32> {
+    let served = |i: &u32| {
+        let key = ObjectRef::new_with(&probe_name(*i), watch.flavour.claims()).within(namespace);
+        (watch.claims.get(&key)).is_some_and(|c| watch.flavour.served_by(&c).is_some())
+    };
+    (0..made).filter(served).collect()
+}
+
 /// The rows as a Markdown table.
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| provider | run | claims | raw creates/s | contract claims/s (alloc, delete) | claims/s | of raw/3 | of contract | alloc CPU s | delete s | deletes/s | of raw/3 | of contract | delete CPU s | peak RSS MiB | start-up s (RSS MiB) | duplicates | misses |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| provider | run | claims | raw creates/s | contract claims/s (alloc, delete) | claims/s | of raw/3 | of contract | alloc CPU s | delete s | deletes/s | of raw/3 | of contract | delete CPU s | peak RSS MiB | start-up s (RSS MiB) | claim made at start served s | duplicates | misses |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let start_up = r
-            .start_up
-            .map(|(t, rss)| format!("{:.2} ({rss:.0})", t.as_secs_f64()))
-            .unwrap_or_else(|| "–".into());
+        let (start_up, made_at_start) = match r.start_up {
+            Some(s) => (
+                format!("{:.2} ({:.0})", s.serving.as_secs_f64(), s.rss_mib),
+                format!("{:.2}", s.made_at_start.as_secs_f64()),
+            ),
+            None => ("–".into(), "–".into()),
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0}, {:.0} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.0}, {:.0} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} |\n",
             r.provider,
             r.scenario,
             r.claims,
@@ -182,6 +218,7 @@ pub fn table(rows: &[Row]) -> String {
             r.deletion_cpu,
             r.peak_rss_mib,
             start_up,
+            made_at_start,
             r.verdict.duplicates,
             r.verdict.misses,
         ));
@@ -216,11 +253,12 @@ impl Runner {
         let raw_before = self.raw_rate().await?;
         let contract_before = self.contract_rate().await?;
         let (allocation, allocation_cpu) = self.allocate(&mut run, scenario).await?;
-        let verdict = workload::verify(&self.load, &run.namespace, run.flavour, &run.pools).await?;
         let start_up = match scenario.mode {
             Mode::Hold => Some(self.restart(&mut run).await?),
             _ => None,
         };
+        // After the restart: the claims made then are checked too.
+        let verdict = workload::verify(&self.load, &run.namespace, run.flavour, &run.pools).await?;
         let (deletion, deletion_cpu) = self.delete(&mut run).await?;
         let contract_after = self.contract_rate().await?;
         let contract = (
@@ -377,10 +415,10 @@ impl Runner {
             .await
     }
 
-    /// Restarts the provider with every claim allocated: the time from its start to a new claim
-    /// served, and its memory then.
-    async fn restart(&self, run: &mut Run<'_>) -> Result<(Duration, f64), String> {
-        let total = run.watch.claims.state().len() + 1;
+    /// Restarts the provider with every claim allocated, making a claim at its start and every
+    /// [`PROBE_EVERY`] after until one is served ([`StartUp`]); waits until all are served.
+    async fn restart(&self, run: &mut Run<'_>) -> Result<StartUp, String> {
+        let before = run.watch.claims.state().len();
         run.running.stop();
         run.running = self.start(run.provider, &format!("{}-restarted", run.namespace))?;
         let pool = run
@@ -388,16 +426,42 @@ impl Runner {
             .first()
             .map(|p| p.name.clone())
             .unwrap_or_default();
-        self.load
-            .create_claims(
-                &run.namespace,
-                run.flavour,
-                vec![("after-restart".into(), pool)],
-            )
-            .await?;
-        let served = self.all_served(run, total).await?;
-        let took = served - run.running.started;
-        Ok((took, run.running.usage()?.rss_mib))
+        let started = run.running.started;
+        let (mut made, mut serving) = (0u32, None);
+        let made_at_start = loop {
+            let served = served_probes(&run.watch, &run.namespace, made);
+            let now = Instant::now();
+            if !served.is_empty() {
+                serving.get_or_insert(now - started);
+            }
+            if served.contains(&0) {
+                break now - started;
+            }
+            if serving.is_none() && now - started >= PROBE_EVERY * made {
+                let probe = (probe_name(made), pool.clone());
+                self.load
+                    .create_claims(&run.namespace, run.flavour, vec![probe])
+                    .await?;
+                made += 1;
+                continue;
+            }
+            if let Some(exit) = run.running.exited() {
+                return Err(format!("after the restart: {exit}"));
+            }
+            if now - started > self.limit {
+                return Err(format!(
+                    "no claim made at the restart served within {:?}",
+                    self.limit
+                ));
+            }
+            tokio::time::sleep(PROBE_POLL).await;
+        };
+        self.all_served(run, before + made as usize).await?;
+        Ok(StartUp {
+            serving: serving.unwrap_or(made_at_start),
+            made_at_start,
+            rss_mib: run.running.usage()?.rss_mib,
+        })
     }
 
     /// Deletes every claim and waits until they and their address objects are gone.
