@@ -60,7 +60,7 @@ const EXHAUSTED_RECHECK: Duration = Duration::from_secs(30);
 /// reconcile after the lists does what that one left.
 const UNLISTED_RECHECK: Duration = Duration::from_secs(1);
 
-/// What a reconcile sees of the pool's address objects.
+/// What a reconcile sees of the pool's claims and address objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sight {
     /// The watch caches hold them, however late: every claim is served, released and checked.

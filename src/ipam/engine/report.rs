@@ -53,8 +53,8 @@ pub(super) async fn report<P: PoolDialect>(
         return Err(e);
     }
     if round.observed.sight != Sight::Listed {
-        // The pool's status (its counts, duplicates and overlaps) waits for the objects.
-        tracing::debug!(pool = %key.describe(), "claims served before the address objects were listed");
+        // The pool's status (its counts, duplicates and overlaps) waits for the lists.
+        tracing::debug!(pool = %key.describe(), sight = ?round.observed.sight, "claims served before every claim and address object was listed");
         let next = batch
             .next
             .map_or(UNLISTED_RECHECK, |n| n.min(UNLISTED_RECHECK));
