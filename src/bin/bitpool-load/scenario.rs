@@ -164,6 +164,7 @@ pub struct StartUp {
     /// Until the one made at the start is served (which may come before the process has begun
     /// to watch, and so be served only once it has listed every claim).
     pub made_at_start: Duration,
+    /// Resident memory once every claim made then is served.
     pub rss_mib: f64,
 }
 
