@@ -70,23 +70,12 @@ impl<T: Cached> Index<T> {
 
     /// Every cached object.
     pub fn state(&self) -> Vec<Arc<T>> {
-        match self.inner.objects.read() {
-            Ok(objects) => objects.values().flat_map(|m| m.values().cloned()).collect(),
-            Err(_) => Vec::new(),
-        }
+        self.state_of(None)
     }
 
     /// Every cached object of `namespace`, or of every namespace for `None`.
     pub fn state_of(&self, namespace: Option<&str>) -> Vec<Arc<T>> {
-        let Some(namespace) = namespace else {
-            return self.state();
-        };
-        match self.inner.objects.read() {
-            Ok(objects) => (objects.get(namespace).into_iter())
-                .flat_map(|m| m.values().cloned())
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        of_namespace(&self.inner.objects, namespace)
     }
 
     /// The object `name` of `namespace`, if it is cached.
@@ -100,18 +89,7 @@ impl<T: Cached> Index<T> {
     /// not all there is: for decisions that may be made from part of the objects only (see
     /// [`super::arrivals`]).
     pub fn arrivals_of(&self, namespace: Option<&str>) -> Vec<Arc<T>> {
-        let Ok(arrivals) = self.inner.arrivals.read() else {
-            return Vec::new();
-        };
-        match namespace {
-            Some(namespace) => (arrivals.get(namespace).into_iter())
-                .flat_map(|m| m.values().cloned())
-                .collect(),
-            None => arrivals
-                .values()
-                .flat_map(|m| m.values().cloned())
-                .collect(),
-        }
+        of_namespace(&self.inner.arrivals, namespace)
     }
 
     /// An object changed while the first list is coming: kept with the arrivals, and handed to
@@ -304,6 +282,21 @@ impl<T: Cached> Index<T> {
                 }
             }
         }
+    }
+}
+
+/// The objects of `namespace` in `objects`, or of every namespace for `None`.
+fn of_namespace<T>(objects: &RwLock<Objects<T>>, namespace: Option<&str>) -> Vec<Arc<T>> {
+    let Ok(objects) = objects.read() else {
+        return Vec::new();
+    };
+    match namespace {
+        Some(namespace) => (objects.get(namespace).into_iter())
+            .flat_map(|m| m.values().cloned())
+            .collect(),
+        None => (objects.values())
+            .flat_map(|m| m.values().cloned())
+            .collect(),
     }
 }
 

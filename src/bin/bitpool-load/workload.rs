@@ -19,7 +19,7 @@ use kube::api::{
 };
 use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 
 use crate::flavour::Flavour;
 use crate::provider::Running;
@@ -206,7 +206,7 @@ impl Load {
         let apis = ContractApis {
             claims,
             addresses,
-            pool: owner(&pool, false)?,
+            pool: pool_owner(&pool)?,
             claim_owners: std::sync::Mutex::new(HashMap::new()),
         };
         let names: Vec<String> = (0..count).map(|i| format!("contract-{i:06}")).collect();
@@ -232,11 +232,14 @@ impl Load {
         network: &str,
     ) -> Result<InClusterIPPool, String> {
         let api: Api<InClusterIPPool> = Api::namespaced(self.client.clone(), namespace);
+        let prefix = (network.parse::<IpNet>())
+            .map_err(|e| format!("the pool {namespace}/{name}'s network {network}: {e}"))?
+            .prefix_len();
         let pool: InClusterIPPool = serde_json::from_value(serde_json::json!({
             "apiVersion": "ipam.cluster.x-k8s.io/v1alpha2",
             "kind": "InClusterIPPool",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"addresses": [network], "prefix": network.split('/').nth(1).and_then(|p| p.parse::<u8>().ok())},
+            "spec": {"addresses": [network], "prefix": prefix},
         }))
         .map_err(|e| e.to_string())?;
         match api.create(&PostParams::default(), &pool).await {
@@ -414,16 +417,13 @@ struct ContractApis {
     claim_owners: std::sync::Mutex<HashMap<String, String>>,
 }
 
-/// `object` as an owner that blocks its deletion, the controller or not.
-fn owner<K: kube::Resource<DynamicType = ()>>(
-    object: &K,
-    controller: bool,
-) -> Result<OwnerReference, String> {
-    let owner = object
+/// `pool` as an owner of its address objects: blocking their deletion, not their controller.
+fn pool_owner(pool: &InClusterIPPool) -> Result<OwnerReference, String> {
+    let owner = pool
         .owner_ref(&())
-        .ok_or_else(|| format!("{} has no UID", object.name_any()))?;
+        .ok_or_else(|| format!("{} has no UID", pool.name_any()))?;
     Ok(OwnerReference {
-        controller: Some(controller),
+        controller: Some(false),
         block_owner_deletion: Some(true),
         ..owner
     })
