@@ -245,6 +245,8 @@ struct Run<'a> {
     pools: Vec<Pool>,
     provider: &'a Provider,
     running: Running,
+    /// The peak of the process a restart stopped: the run's peak is the higher of the two.
+    stopped_peak_rss_mib: f64,
     watch: Watch,
 }
 
@@ -270,7 +272,11 @@ impl Runner {
             "load: contract claims/s before the run {:.0}, {:.0}; after it {:.0}, {:.0}",
             contract_before.0, contract_before.1, contract_after.0, contract_after.1
         );
-        let peak_rss_mib = run.running.usage()?.peak_rss_mib;
+        let peak_rss_mib = run
+            .running
+            .usage()?
+            .peak_rss_mib
+            .max(run.stopped_peak_rss_mib);
         self.finish(run).await?;
         let raw = (raw_before + self.raw_rate().await?) / 2.0;
         Ok(Row {
@@ -320,6 +326,7 @@ impl Runner {
             pools,
             provider,
             running,
+            stopped_peak_rss_mib: 0.0,
             watch,
         };
         self.wait_pools_taken_up(&mut run).await?;
@@ -420,6 +427,7 @@ impl Runner {
     /// [`PROBE_EVERY`] after until one is served ([`StartUp`]); waits until all are served.
     async fn restart(&self, run: &mut Run<'_>) -> Result<StartUp, String> {
         let before = run.watch.claims.state().len();
+        run.stopped_peak_rss_mib = run.running.usage()?.peak_rss_mib;
         run.running.stop();
         run.running = self.start(run.provider, &format!("{}-restarted", run.namespace))?;
         let pool = run
