@@ -130,15 +130,21 @@ async fn observe_unlisted<P: PoolDialect>(
         Sight::Listed | Sight::Unlisted => pool.claims(ctx),
     };
     // Chosen before they are sorted: a restarted pool may have 100,000 claims, nearly all served.
-    let unserved = (candidates.into_iter())
+    let unserved: Vec<AnyClaim> = (candidates.into_iter())
         .filter(|c| !c.deleting() && c.status_address().is_none())
         .collect();
-    let claims = select_from(pool, ctx, false, unserved).await?;
-    if claims.live.is_empty() {
+    if unserved.is_empty() {
         return Ok(None);
     }
+    // The ledger before the finalizers: claims are served in the order of their versions, which
+    // a finalizer patch changes, and patched in parallel they come out in any order. A reconcile
+    // that adds them must go on to serve the claims in the order they were made.
     let stored = transaction::load(&transaction::ledger_of(pool, ctx), pool, ctx, false).await?;
     if !stored.is_some_and(|s| s.ledger.whole_and_unfenced()) {
+        return Ok(None);
+    }
+    let claims = select_from(pool, ctx, false, unserved).await?;
+    if claims.live.is_empty() {
         return Ok(None);
     }
     let outside = outside(pool, ctx, &claims);
