@@ -53,7 +53,8 @@ pub struct Report<'a> {
     pub usage: Option<&'a Usage>,
     pub ledger: &'a Ledger,
     pub spec_error: Option<&'a str>,
-    /// Claim name → address, for the claims that hold one.
+    /// Claim name → address, for the claims that hold one; empty unless the dialect's
+    /// [`PoolDialect::STATUS_NAMES_HOLDERS`].
     pub holders: &'a BTreeMap<(ClaimKind, Arc<str>), IpAddr>,
     /// Addresses the pool's objects hold for more than one claim.
     pub shared: &'a [SharedAddress],
@@ -78,6 +79,9 @@ pub trait PoolDialect:
     /// that has an object already meets it (409) whatever a cache shows, and the engine may
     /// serve new claims before the address objects are listed.
     const OBJECTS_NAMED_AFTER_CLAIMS: bool = true;
+    /// Whether the pool's status names every claim with its address ([`Report::holders`]):
+    /// Metal3's `status.allocations`. Other pools' reconciles do not gather them.
+    const STATUS_NAMES_HOLDERS: bool = false;
 
     fn key(&self) -> PoolKey {
         PoolKey {

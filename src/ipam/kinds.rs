@@ -115,6 +115,12 @@ impl AnyClaim {
         !self.pool_elsewhere && key.is_named_by(&self.pool, Some(&self.meta.namespace))
     }
 
+    /// Whether the claim's status already says it holds `address` (as the pool shows it)
+    /// through the object `address_name`: writing that allocation would change nothing.
+    pub fn shows_allocated(&self, address_name: &str, address: &str) -> bool {
+        shows_allocated(self, address_name, address)
+    }
+
     /// The `ipAddress` annotation (Metal3's, honoured on both kinds).
     pub fn requested(&self) -> Option<String> {
         self.requested_address().map(str::to_string)
@@ -429,7 +435,32 @@ fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
             not_selected_message(pool, namespace, selector),
         ),
         Outcome::Failed(message) => (capi::reasons::ALLOCATION_FAILED, message.clone()),
-        Outcome::Allocated { .. } => ("AddressAllocated", String::new()),
+        Outcome::Allocated { .. } => (ALLOCATED_REASON, String::new()),
+    }
+}
+
+/// The reason of a served CAPI claim's `Ready` condition.
+const ALLOCATED_REASON: &str = "AddressAllocated";
+/// Its message, before the address.
+const ALLOCATED_MESSAGE: &str = "allocated ";
+
+/// Whether `claim`'s status already says it holds `address` through the object `address_name`,
+/// so that its status patch for that allocation would be `None`. Answered without building the
+/// status: a reconcile asks it of every claim the pool serves.
+fn shows_allocated(claim: &ClaimObject, address_name: &str, address: &str) -> bool {
+    if claim.address.as_deref() != Some(address_name) {
+        return false;
+    }
+    match claim.api {
+        IpamApi::Metal3 => claim.error_message().is_none(),
+        IpamApi::Capi => (claim.conditions.iter())
+            .find(|c| &*c.head.type_ == capi::READY_CONDITION)
+            .is_some_and(|c| {
+                &*c.head.status == "True"
+                    && &*c.head.reason == ALLOCATED_REASON
+                    && c.message.strip_prefix(ALLOCATED_MESSAGE) == Some(address)
+                    && c.observed_generation == claim.generation
+            }),
     }
 }
 
@@ -450,8 +481,8 @@ fn capi_status_patch(claim: &ClaimObject, outcome: &Outcome) -> Option<serde_jso
             objects::condition(
                 capi::READY_CONDITION,
                 true,
-                "AddressAllocated",
-                format!("allocated {address}"),
+                ALLOCATED_REASON,
+                format!("{ALLOCATED_MESSAGE}{address}"),
                 claim.generation,
             )
         }
@@ -899,5 +930,101 @@ mod tests {
         let ready = condition("Ready", "True", "AddressAllocated", "allocated 10.0.0.4");
         let served = claim(vec![other, ready], Some("c"));
         assert_eq!(capi_status_patch(&served, &allocated), None);
+    }
+
+    fn metal3_claim(address: Option<&str>, error: Option<&str>) -> ClaimObject {
+        let object: IPClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "ipam.metal3.io/v1alpha1", "kind": "IPClaim",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"pool": {"name": "p"}},
+            "status": {"address": address.map(|name| serde_json::json!({"name": name, "namespace": "ns"})),
+                       "errorMessage": error}
+        }))
+        .expect("a valid IPClaim");
+        ClaimObject::of_metal3(&object).expect("named and namespaced")
+    }
+
+    /// The shortcut a reconcile takes for a served claim answers as the status patch does:
+    /// `true` exactly where the patch of the allocation would be `None`.
+    #[test]
+    fn a_claim_shows_its_allocation_exactly_when_its_patch_is_empty() {
+        let ready = |message: &str| condition("Ready", "True", "AddressAllocated", message);
+        let mut other_generation = ready("allocated 10.0.0.4");
+        other_generation.observed_generation = Some(2);
+        let cases = [
+            ("no status", claim(vec![], None)),
+            ("the object named, no condition", claim(vec![], Some("c"))),
+            (
+                "served",
+                claim(vec![ready("allocated 10.0.0.4")], Some("c")),
+            ),
+            (
+                "another object named",
+                claim(vec![ready("allocated 10.0.0.4")], Some("d")),
+            ),
+            (
+                "another address",
+                claim(vec![ready("allocated 10.0.0.5")], Some("c")),
+            ),
+            (
+                "another generation",
+                claim(vec![other_generation], Some("c")),
+            ),
+            (
+                "not ready",
+                claim(
+                    vec![condition("Ready", "False", "PoolExhausted", "full")],
+                    Some("c"),
+                ),
+            ),
+            (
+                "another reason",
+                claim(
+                    vec![condition("Ready", "True", "Other", "allocated 10.0.0.4")],
+                    Some("c"),
+                ),
+            ),
+            (
+                "served, with another condition first",
+                claim(
+                    vec![
+                        condition("Other", "False", "X", "y"),
+                        ready("allocated 10.0.0.4"),
+                    ],
+                    Some("c"),
+                ),
+            ),
+            ("Metal3, served", metal3_claim(Some("c"), None)),
+            ("Metal3, no address", metal3_claim(None, None)),
+            ("Metal3, another object", metal3_claim(Some("d"), None)),
+            (
+                "Metal3, an error left",
+                metal3_claim(Some("c"), Some("Failed to allocate")),
+            ),
+        ];
+        let allocated = Outcome::Allocated {
+            address_name: "c".into(),
+            address: "10.0.0.4".into(),
+        };
+        let mut served = Vec::new();
+        for (what, claim) in &cases {
+            let patch = match claim.api {
+                IpamApi::Capi => capi_status_patch(claim, &allocated),
+                IpamApi::Metal3 => metal3_status_patch(claim, &allocated),
+            };
+            let shows = shows_allocated(claim, "c", "10.0.0.4");
+            assert_eq!(shows, patch.is_none(), "{what}: patch {patch:?}");
+            if shows {
+                served.push(*what);
+            }
+        }
+        assert_eq!(
+            served,
+            [
+                "served",
+                "served, with another condition first",
+                "Metal3, served"
+            ]
+        );
     }
 }

@@ -90,6 +90,7 @@ impl PoolDialect for IPPool {
     const ADDRESS_KINDS: AddressKinds = AddressKinds::CapiAndMetal3;
     // `<namePrefix>-<address>`, as upstream names them.
     const OBJECTS_NAMED_AFTER_CLAIMS: bool = false;
+    const STATUS_NAMES_HOLDERS: bool = true;
     const FINALIZER: &'static str = POOL_FINALIZER;
 
     fn api_for(&self, client: Client) -> Api<Self> {

@@ -181,8 +181,7 @@ impl Batch {
             }
         };
         self.second.confirm.push((address, uid));
-        self.holders
-            .insert((claim.kind(), claim.meta.name.clone()), address);
+        self.holds::<P>(&claim, address);
         self.statuses.push((
             claim,
             Outcome::Allocated {

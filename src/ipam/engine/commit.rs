@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use super::read::Selected;
+use super::read::cached_claim;
 use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, Sight, address_key, keep_first};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
@@ -100,7 +100,7 @@ pub(super) async fn settle<P: PoolDialect>(
             .second
             .release_unbound
             .extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
-        let vanished = vanished_reservations(ctx, &stored.ledger, &observed.claims).await;
+        let vanished = vanished_reservations(ctx, &stored.ledger).await;
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
         batch.second.release_unlanded.extend(vanished);
     }
@@ -212,15 +212,22 @@ fn unrecorded(address: IpAddr, before: &Ledger, after: Option<&Ledger>) -> bool 
 pub(super) async fn vanished_reservations(
     ctx: &Context,
     ledger: &Ledger,
-    claims: &Selected,
 ) -> Result<Vec<String>, Error> {
-    // The few reservations' UIDs are parsed, rather than every claim's written out.
-    let known: HashSet<&Uid> = claims.all.values().collect();
     let now = objects::now().0.to_string();
     let mut vanished = Vec::new();
     for reservation in ledger.pending.values() {
-        let old = intent::no_create_can_land(reservation, &now);
-        if !old || known.contains(&Uid::of(&reservation.claim_uid)) {
+        if !intent::no_create_can_land(reservation, &now) {
+            continue;
+        }
+        // The few reservations' UIDs are parsed, rather than every claim's written out.
+        let uid = Uid::of(&reservation.claim_uid);
+        let (namespace, name) = (&reservation.claim_namespace, &reservation.claim_name);
+        let cached = [ClaimKind::Capi, ClaimKind::Metal3]
+            .into_iter()
+            .any(|kind| {
+                cached_claim(ctx, kind, namespace, name).is_some_and(|c| c.meta.uid == uid)
+            });
+        if cached {
             continue;
         }
         let mut alive = false;

@@ -165,6 +165,14 @@ impl Batch {
     fn again_within(&mut self, after: Duration) {
         self.next = Some(self.next.map_or(after, |n| n.min(after)));
     }
+
+    /// `claim` holds `ip` after this reconcile (kept only where the pool's status names holders).
+    fn holds<P: PoolDialect>(&mut self, claim: &AnyClaim, ip: IpAddr) {
+        if P::STATUS_NAMES_HOLDERS {
+            self.holders
+                .insert((claim.kind(), claim.meta.name.clone()), ip);
+        }
+    }
 }
 
 /// One reconcile of a pool, phase by phase (see the module's documentation).
@@ -185,10 +193,12 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         Err(problem) => (None, Some(problem)),
     };
     let mut timeline = Timeline::start();
-    let Some(observed) = read::observe(pool, &ctx, deleting, sight).await? else {
+    let Some(mut observed) = read::observe(pool, &ctx, deleting, sight).await? else {
         return Ok(Action::requeue(UNLISTED_RECHECK));
     };
     let mut batch = plan::plan(pool, &observed, base.as_ref());
+    // Moved, not copied: a full pool names an object for every claim.
+    batch.named = std::mem::take(&mut observed.named);
     timeline.mark("read");
     let round = Round {
         pool,

@@ -27,11 +27,12 @@ pub(super) fn plan<P: PoolDialect>(
 ) -> Batch {
     let (claims, addresses) = (&observed.claims, &observed.addresses);
     let mut batch = Batch {
-        holders: addresses
-            .iter()
-            .filter_map(|(claim, a)| Some(((claim.kind, claim.name.clone()), pool.held(a)?)))
-            .collect(),
-        named: observed.named.clone(),
+        holders: match P::STATUS_NAMES_HOLDERS {
+            true => (addresses.iter())
+                .filter_map(|(claim, a)| Some(((claim.kind, claim.name.clone()), pool.held(a)?)))
+                .collect(),
+            false => Default::default(),
+        },
         duplicates: second_objects::<P>(claims, observed.extras.clone()),
         orphaned: observed.orphaned.clone(),
         ..Default::default()
@@ -126,15 +127,17 @@ impl Batch {
         if let Some(patch) = adoption {
             self.to_adopt.push((object.clone(), patch));
         }
-        self.holders
-            .insert((claim.kind(), claim.meta.name.clone()), ip);
-        self.statuses.push((
-            claim.clone(),
-            Outcome::Allocated {
-                address_name: object.name(),
-                address: pool.show(ip),
-            },
-        ));
+        self.holds::<P>(claim, ip);
+        // A served claim that says so already costs nothing more (most of a full pool's are).
+        let address = pool.show(ip);
+        if !claim.shows_allocated(&object.meta.name, &address) {
+            let address_name = object.name();
+            let served = Outcome::Allocated {
+                address_name,
+                address,
+            };
+            self.statuses.push((claim.clone(), served));
+        }
     }
 
     /// The claims whose objects a transaction judged ([`Found`]): served with them, or
@@ -279,7 +282,7 @@ mod tests {
 
     use std::collections::HashMap;
 
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use kube::api::ObjectMeta;
 
     use super::*;
@@ -326,8 +329,8 @@ mod tests {
     }
 
     /// A claim of the pool; `names` is the object its status names, if any.
-    fn claim(name: &str, names: Option<&str>, deleting: bool) -> AnyClaim {
-        let claim = IPAddressClaim {
+    fn claim_object(name: &str, names: Option<&str>, deleting: bool) -> IPAddressClaim {
+        IPAddressClaim {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("ns".into()),
@@ -345,8 +348,27 @@ mod tests {
                 }),
                 ..Default::default()
             }),
-        };
-        AnyClaim::capi(&claim).expect("named and namespaced")
+        }
+    }
+
+    fn claim(name: &str, names: Option<&str>, deleting: bool) -> AnyClaim {
+        AnyClaim::capi(&claim_object(name, names, deleting)).expect("named and namespaced")
+    }
+
+    /// A live claim whose status already says it holds `ip` through the object `names`.
+    fn settled(name: &str, names: &str, ip: &str) -> AnyClaim {
+        let mut object = claim_object(name, Some(names), false);
+        if let Some(status) = object.status.as_mut() {
+            status.conditions = vec![Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: "AddressAllocated".into(),
+                message: format!("allocated {ip}"),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }];
+        }
+        AnyClaim::capi(&object).expect("named and namespaced")
     }
 
     /// An address object of `claim` holding `ip`.
@@ -391,17 +413,12 @@ mod tests {
                 .iter()
                 .filter_map(|c| Some((claim_key(c), c.status_address()?.clone())))
                 .collect();
-            let all = claims
-                .iter()
-                .map(|c| (claim_key(c), c.meta.uid.clone()))
-                .collect();
             let (addresses, extras) = index_by_claim(self.cached, &named);
             Observed {
                 claims: Selected {
                     live: self.live,
                     releasing: self.releasing,
                     grace_wait: None,
-                    all,
                     again: self.again,
                 },
                 addresses,
@@ -526,6 +543,18 @@ mod tests {
                 Decisions {
                     confirm: strings(&["10.0.0.5 uid-c1"]),
                     served: strings(&["c1 10.0.0.5"]),
+                    ..Default::default()
+                },
+            ),
+            (
+                "a claim whose status already shows its object is confirmed; nothing is written to it",
+                Read {
+                    live: vec![settled("c1", "a1", "10.0.0.5")],
+                    cached: vec![object("a1", "c1", "10.0.0.5", false)],
+                    ..Default::default()
+                },
+                Decisions {
+                    confirm: strings(&["10.0.0.5 uid-c1"]),
                     ..Default::default()
                 },
             ),

@@ -17,9 +17,24 @@ use crate::ipam::intent::Refusal;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
 use crate::ipam::tenancy::{self, Tenancy};
 use crate::ipam::{moving, transaction};
-use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
+
+/// The claim `namespace/name` of `kind` as the caches hold it, whichever pool it names: a look-up
+/// of the few claims a reconcile asks about, where a map of the pool's every claim would be
+/// built and dropped each time.
+pub(super) fn cached_claim(
+    ctx: &Context,
+    kind: ClaimKind,
+    namespace: &str,
+    name: &str,
+) -> Option<AnyClaim> {
+    let cache = match kind {
+        ClaimKind::Capi => &ctx.claims,
+        ClaimKind::Metal3 => &ctx.ipclaims,
+    };
+    cache.get(namespace, name).map(AnyClaim::from)
+}
 
 /// Whether a claim may be acted on now: not paused, and its Cluster (if it names one) neither
 /// paused nor, for a live claim, missing.
@@ -198,7 +213,7 @@ async fn observe_listed<P: PoolDialect>(
         true => None,
         false => Some(fresh_objects_of(pool, ctx, missing).await?),
     };
-    let orphaned = orphaned_objects(ctx, &claims, &addresses).await?;
+    let orphaned = orphaned_objects(ctx, &addresses).await?;
     let outside = outside(pool, ctx, &claims);
     Ok(Observed {
         claims,
@@ -220,8 +235,6 @@ pub(super) struct Selected {
     pub(super) releasing: Vec<AnyClaim>,
     /// Earliest end of an address-reuse grace period still running.
     pub(super) grace_wait: Option<Duration>,
-    /// Every claim naming the pool, with its UID.
-    pub(super) all: HashMap<ClaimKey, Uid>,
     /// Some claims were left for the next batch, or changed under a finalizer patch: reconcile
     /// again at once.
     pub(super) again: bool,
@@ -280,10 +293,6 @@ async fn select_from<P: PoolDialect>(
         live: Vec::new(),
         releasing: Vec::new(),
         grace_wait: None,
-        all: claims
-            .iter()
-            .map(|c| (claim_key(c), c.meta.uid.clone()))
-            .collect(),
         again: false,
     };
     let mut need_finalizer = Vec::new();
@@ -509,20 +518,17 @@ pub(super) async fn fresh_objects_of<P: PoolDialect>(
 /// deletion, or created from a stale view of a claim that was being deleted.
 pub(super) async fn orphaned_objects(
     ctx: &Context,
-    claims: &Selected,
     addresses: &AddressIndex,
 ) -> Result<Vec<AnyAddress>, Error> {
     let suspects: Vec<(ClaimKey, AnyAddress)> = addresses
         .iter()
         .filter(|(key, address)| {
             let owner = address.claim_uid();
-            // Unknown here, or known with another UID than the object's owner.
-            claims
-                .all
-                .get(*key)
-                .is_none_or(|uid| owner.is_some_and(|o| o != uid))
+            // Not cached, or cached with another UID than the object's owner.
+            cached_claim(ctx, key.kind, &key.namespace, &key.name)
+                .is_none_or(|claim| owner.is_some_and(|o| *o != claim.meta.uid))
         })
-        // Only then the lock: most objects of a pool have their claim.
+        // Only then the mutex of recent deletions: most objects of a pool have their claim.
         .filter(|(_, address)| !ctx.recently_deleted_address(&address.meta.uid))
         .take(BATCH)
         .map(|(key, address)| (key.clone(), address.clone()))
