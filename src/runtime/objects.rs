@@ -12,6 +12,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::cached::{Meta, Owner, Uid};
 use super::error::{Call, Error, Verb, object_of};
 use crate::api::labels;
 
@@ -289,6 +290,37 @@ fn same_owner(a: &OwnerReference, b: &OwnerReference) -> bool {
     a.kind == b.kind && a.name == b.name && api_group(&a.api_version) == api_group(&b.api_version)
 }
 
+/// Whether the cached object `existing` already carries all that `desired` asks, so that
+/// [`adoption_patch`] would write nothing: every desired owner is the first reference to that
+/// owner and equal to it, no other owner is a controller, and every desired finalizer and label
+/// is there. `true` only where the patch is `None`; an unusual object (a stale reference, a
+/// foreign controller) gets `false` and the full comparison. Nothing is allocated: a reconcile
+/// asks it of every address object its pool serves.
+pub fn carries(existing: &Meta, desired: &ObjectMeta) -> bool {
+    let wanted = || desired.owner_references.iter().flatten();
+    let same = |o: &Owner, d: &OwnerReference| {
+        *o.kind == d.kind
+            && *o.name == d.name
+            && api_group(&o.api_version) == api_group(&d.api_version)
+    };
+    let owners_equal = wanted().all(|d| {
+        (existing.owners.iter())
+            .find(|o| same(o, d))
+            .is_some_and(|o| {
+                *o.api_version == d.api_version
+                    && o.uid == Uid::of(&d.uid)
+                    && o.controller == d.controller
+                    && o.block_owner_deletion == d.block_owner_deletion
+            })
+    });
+    let no_other_controller = (existing.owners.iter())
+        .all(|o| o.controller != Some(true) || wanted().any(|d| same(o, d)));
+    owners_equal
+        && no_other_controller
+        && (desired.finalizers.iter().flatten()).all(|f| existing.has_finalizer(f))
+        && (desired.labels.iter().flatten()).all(|(k, v)| existing.label(k) == Some(v.as_str()))
+}
+
 /// The merge patch that gives an existing object what `desired` says every such object carries:
 /// its owner references (an outdated reference to the same owner replaced in place, others
 /// kept), finalizers and labels — added, never removed. `None` when nothing is missing. The
@@ -520,6 +552,90 @@ mod tests {
                 .count()
                 == 1
         );
+    }
+
+    /// The shortcut a reconcile takes ([`carries`]) is `true` for a complete object, and only
+    /// where the full comparison writes nothing.
+    #[test]
+    fn an_object_carries_what_is_desired_only_where_adoption_writes_nothing() {
+        let mut foreign = owner("Machine", "m", "machine-uid", true);
+        foreign.api_version = "cluster.x-k8s.io/v1beta2".into();
+        let with = |change: &dyn Fn(&mut ObjectMeta)| {
+            let mut meta = desired();
+            meta.name = Some("c".into());
+            meta.namespace = Some("ns".into());
+            meta.resource_version = Some("7".into());
+            change(&mut meta);
+            meta
+        };
+        let cases = [
+            ("complete", with(&|_| {}), true),
+            (
+                "a label and a finalizer of others too",
+                with(&|m| {
+                    m.finalizers
+                        .get_or_insert_default()
+                        .push("example.com/keep".into());
+                    m.labels
+                        .get_or_insert_default()
+                        .insert("team".into(), "a".into());
+                }),
+                true,
+            ),
+            ("no owners", with(&|m| m.owner_references = None), false),
+            (
+                "a stale UID",
+                with(&|m| {
+                    m.owner_references = Some(vec![
+                        owner("IPAddressClaim", "c", "old-uid", true),
+                        owner("InClusterIPPool", "p", "pool-uid", false),
+                    ])
+                }),
+                false,
+            ),
+            (
+                "not the controller",
+                with(&|m| {
+                    m.owner_references = Some(vec![
+                        owner("IPAddressClaim", "c", "claim-uid", false),
+                        owner("InClusterIPPool", "p", "pool-uid", false),
+                    ])
+                }),
+                false,
+            ),
+            (
+                "a foreign controller beside",
+                with(&|m| {
+                    m.owner_references
+                        .get_or_insert_default()
+                        .push(foreign.clone())
+                }),
+                false,
+            ),
+            ("no finalizer", with(&|m| m.finalizers = None), false),
+            (
+                "another cluster label",
+                with(&|m| {
+                    m.labels = Some(BTreeMap::from([(labels::CLUSTER_NAME.into(), "x".into())]))
+                }),
+                false,
+            ),
+        ];
+        for (what, existing, expected) in cases {
+            let cached = Meta::of(&existing).expect("named and namespaced");
+            let carried = carries(&cached, &desired());
+            assert_eq!(carried, expected, "{what}");
+            if carried {
+                assert_eq!(adoption_patch(&existing, &desired()), None, "{what}");
+                assert_eq!(
+                    adoption_patch(&cached.object_meta(), &desired()),
+                    None,
+                    "{what}"
+                );
+            } else {
+                assert!(adoption_patch(&existing, &desired()).is_some(), "{what}");
+            }
+        }
     }
 
     #[test]

@@ -123,6 +123,7 @@ impl Batch {
     ) {
         let adoption = pool
             .address_metadata(claim, object)
+            .filter(|desired| !objects::carries(&object.meta, desired))
             .and_then(|desired| objects::adoption_patch(&object.meta.object_meta(), &desired));
         if let Some(patch) = adoption {
             self.to_adopt.push((object.clone(), patch));
