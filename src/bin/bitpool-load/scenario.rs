@@ -128,23 +128,32 @@ impl Row {
         self.rate(time) / (self.raw / 3.0)
     }
 
+    /// This row's rate over `time` as a share of `of`, the contract's rate: "–" when the run
+    /// did not measure it (`--contract-sample 0`).
+    fn of_contract(&self, time: Duration, of: f64) -> String {
+        match of > 0.0 {
+            true => format!("{:.0}%", 100.0 * self.rate(time) / of),
+            false => "–".into(),
+        }
+    }
+
     pub fn failed(&self) -> bool {
         self.verdict.duplicates > 0 || self.verdict.misses > 0
     }
 
     pub fn summary(&self) -> String {
         format!(
-            "{} claims in {:.1} s = {:.0}/s ({:.0}% of raw/3, raw {:.0}/s; {:.0}% of the contract's {:.0}/s), deleted in {:.1} s ({:.0}% of raw/3; {:.0}% of the contract's {:.0}/s), CPU {:.1}+{:.1} s, peak RSS {:.0} MiB, {} duplicates, {} misses",
+            "{} claims in {:.1} s = {:.0}/s ({:.0}% of raw/3, raw {:.0}/s; {} of the contract's {:.0}/s), deleted in {:.1} s ({:.0}% of raw/3; {} of the contract's {:.0}/s), CPU {:.1}+{:.1} s, peak RSS {:.0} MiB, {} duplicates, {} misses",
             self.claims,
             self.allocation.as_secs_f64(),
             self.rate(self.allocation),
             100.0 * self.of_limit(self.allocation),
             self.raw,
-            100.0 * self.rate(self.allocation) / self.contract.0,
+            self.of_contract(self.allocation, self.contract.0),
             self.contract.0,
             self.deletion.as_secs_f64(),
             100.0 * self.of_limit(self.deletion),
-            100.0 * self.rate(self.deletion) / self.contract.1,
+            self.of_contract(self.deletion, self.contract.1),
             self.contract.1,
             self.allocation_cpu,
             self.deletion_cpu,
@@ -201,7 +210,7 @@ pub fn table(rows: &[Row]) -> String {
             None => ("–".into(), "–".into()),
         };
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} | {:.0}, {:.0} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.1} | {:.0} | {:.0}% | {:.0}% | {:.1} | {:.0} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {:.0} | {:.0}, {:.0} | {:.0} | {:.0}% | {} | {:.1} | {:.1} | {:.0} | {:.0}% | {} | {:.1} | {:.0} | {} | {} | {} | {} |\n",
             r.provider,
             r.scenario,
             r.claims,
@@ -210,12 +219,12 @@ pub fn table(rows: &[Row]) -> String {
             r.contract.1,
             r.rate(r.allocation),
             100.0 * r.of_limit(r.allocation),
-            100.0 * r.rate(r.allocation) / r.contract.0,
+            r.of_contract(r.allocation, r.contract.0),
             r.allocation_cpu,
             r.deletion.as_secs_f64(),
             r.rate(r.deletion),
             100.0 * r.of_limit(r.deletion),
-            100.0 * r.rate(r.deletion) / r.contract.1,
+            r.of_contract(r.deletion, r.contract.1),
             r.deletion_cpu,
             r.peak_rss_mib,
             start_up,
