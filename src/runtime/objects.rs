@@ -287,7 +287,12 @@ fn api_group(api_version: &str) -> &str {
 /// Whether two owner references name the same owner: kind, API group and name (a restored
 /// owner has a new UID, and another version of its API names the same object).
 fn same_owner(a: &OwnerReference, b: &OwnerReference) -> bool {
-    a.kind == b.kind && a.name == b.name && api_group(&a.api_version) == api_group(&b.api_version)
+    names_same_owner([&a.api_version, &a.kind, &a.name], b)
+}
+
+/// [`same_owner`], for a reference given as its API version, kind and name.
+fn names_same_owner([api_version, kind, name]: [&str; 3], b: &OwnerReference) -> bool {
+    kind == b.kind && name == b.name && api_group(api_version) == api_group(&b.api_version)
 }
 
 /// Whether the cached object `existing` already carries all that `desired` asks, so that
@@ -298,11 +303,8 @@ fn same_owner(a: &OwnerReference, b: &OwnerReference) -> bool {
 /// asks it of every address object its pool serves.
 pub fn carries(existing: &Meta, desired: &ObjectMeta) -> bool {
     let wanted = || desired.owner_references.iter().flatten();
-    let same = |o: &Owner, d: &OwnerReference| {
-        *o.kind == d.kind
-            && *o.name == d.name
-            && api_group(&o.api_version) == api_group(&d.api_version)
-    };
+    let same =
+        |o: &Owner, d: &OwnerReference| names_same_owner([&o.api_version, &o.kind, &o.name], d);
     let owners_equal = wanted().all(|d| {
         (existing.owners.iter())
             .find(|o| same(o, d))
