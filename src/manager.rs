@@ -63,9 +63,10 @@ impl Controllers {
             stopped,
             ctx,
         };
-        let orphan_claims = orphan_controller(&caches.claims.index, ctx, claims::capi_stand_in);
+        let orphan_claims =
+            orphan_controller(&caches.claims.index, caches, ctx, claims::capi_stand_in);
         let orphan_ipclaims =
-            orphan_controller(&caches.ipclaims.index, ctx, claims::metal3_stand_in);
+            orphan_controller(&caches.ipclaims.index, caches, ctx, claims::metal3_stand_in);
         let (templates, datas, data_claims) =
             (&caches.data_templates, &caches.datas, &caches.data_claims);
         Self {
@@ -181,10 +182,12 @@ pub async fn run(
 }
 
 /// A controller of the claims of `index` that may be orphans ([`claims::may_be_orphan`]): its
-/// store holds stand-ins for those alone, judged once the caches are complete and again when
-/// this process becomes the leader.
+/// store holds stand-ins for those alone, judged once the caches are complete, and all again
+/// when this process becomes the leader or a pool leaves its cache (a claim whose last change
+/// came while its pool was there is an orphan now, with no event of its own to say so).
 fn orphan_controller<K>(
     index: &Index<ClaimObject>,
+    caches: &Caches,
     ctx: &Arc<Context>,
     stand_in: fn(&ClaimObject) -> K,
 ) -> Controller<K>
@@ -201,7 +204,7 @@ where
     let (store, triggers) = selection(
         index,
         async move { ready.wait_for_caches().await },
-        ctx.ops.leadership.gained(),
+        futures::stream::select(ctx.ops.leadership.gained(), caches.pools_removed.stream()),
         move |claim| claims::may_be_orphan(&judged, claim),
         stand_in,
     );

@@ -941,6 +941,118 @@ async fn claims_of_a_deleted_metal3_pool_go_when_deleted() {
     .await;
 }
 
+/// A claim whose last change came while its pool was there hears nothing of its own when the
+/// pool goes: deleting claims of a paused pool, left behind when an operator strips the pool's
+/// finalizer, are released anyway, and a live CAPI claim learns that its pool is missing.
+#[tokio::test]
+async fn claims_left_behind_by_a_removed_pool_are_released_without_a_change_of_their_own() {
+    let env = Env::new("m3-left").await;
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let pools = env.api::<IPPool>();
+    metal3_pool(
+        &env,
+        "paused",
+        pool_spec(vec![range("192.168.7.10", "192.168.7.20")]),
+    )
+    .await;
+    eventually("the pool protected", WAIT, || async {
+        let pool = pools.get_opt("paused").await.ok()??;
+        (!pool.finalizers().is_empty()).then_some(())
+    })
+    .await;
+    pools
+        .patch(
+            "paused",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": ""}}})),
+        )
+        .await
+        .expect("pause the pool");
+    create(&env.api(), &ipclaim_object(&env, "left", "paused")).await;
+    create_claim(&env, claim_object(&env, "capi-left", "IPPool", "paused")).await;
+    create_claim(&env, claim_object(&env, "capi-live", "IPPool", "paused")).await;
+    eventually("the claims protected by the paused pool", WAIT, || async {
+        let ipclaim = env.api::<IPClaim>().get_opt("left").await.ok()??;
+        let capi = env.api::<IPAddressClaim>();
+        let (a, b) = (
+            capi.get_opt("capi-left").await.ok()??,
+            capi.get_opt("capi-live").await.ok()??,
+        );
+        [ipclaim.finalizers(), a.finalizers(), b.finalizers()]
+            .iter()
+            .all(|f| !f.is_empty())
+            .then_some(())
+    })
+    .await;
+    live_told(&env, "its pool is paused", "is paused").await;
+    env.api::<IPClaim>()
+        .delete("left", &DeleteParams::default())
+        .await
+        .expect("delete IPClaim");
+    env.api::<IPAddressClaim>()
+        .delete("capi-left", &DeleteParams::default())
+        .await
+        .expect("delete IPAddressClaim");
+    pools
+        .delete("paused", &DeleteParams::default())
+        .await
+        .expect("delete pool");
+    // The deletions are seen while the pool is cached: they wait, as a paused pool's do.
+    eventually("the paused pool deleting", WAIT, || async {
+        let pool = pools.get_opt("paused").await.ok()??;
+        pool.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await;
+    let waiting = env
+        .api::<IPClaim>()
+        .get("left")
+        .await
+        .expect("the IPClaim waits");
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+    pools
+        .patch(
+            "paused",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip the pool's finalizer");
+    eventually("the deleting claims released", WAIT, || async {
+        let gone = env.api::<IPClaim>().get_opt("left").await.ok()?.is_none()
+            && env
+                .api::<IPAddressClaim>()
+                .get_opt("capi-left")
+                .await
+                .ok()?
+                .is_none();
+        gone.then_some(())
+    })
+    .await;
+    live_told(&env, "its pool is missing", "IPPool paused not found").await;
+}
+
+/// Waits until the live claim's Ready condition is False (PoolNotReady) with a message that
+/// contains `words`.
+async fn live_told(env: &Env, what: &str, words: &str) {
+    eventually(&format!("the live claim told {what}"), WAIT, || async {
+        let claim = env
+            .api::<IPAddressClaim>()
+            .get_opt("capi-live")
+            .await
+            .ok()??;
+        let ready = claim
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        let told = ready.status == "False"
+            && ready.reason == "PoolNotReady"
+            && ready.message.contains(words);
+        told.then_some(())
+    })
+    .await;
+}
+
 /// A claim of a Metal3 pool never keeps two address objects (the pool names them after the
 /// address, so nothing but bitpool stops a second): one left by a crash between a create and
 /// the claim's status, or by a release of old, goes, and its address is free again; the claim

@@ -135,19 +135,16 @@ async fn reconcile_proxy(
             .map(|a| (a.claim().1, a))
             .collect(),
     };
-    if pool.meta().deletion_timestamp.is_some() {
-        if proxy.mirrors.is_empty() {
-            objects::remove_finalizer(&pools, &*pool, IPPool::FINALIZER).await?;
-            return Ok(Action::await_change());
-        }
-    } else if objects::add_finalizer(&pools, &*pool, IPPool::FINALIZER).await?
-        == FinalizerPatch::Stale
+    let deleting = pool.meta().deletion_timestamp.is_some();
+    if !deleting
+        && objects::add_finalizer(&pools, &*pool, IPPool::FINALIZER).await? == FinalizerPatch::Stale
     {
         return Ok(Action::requeue(Duration::from_millis(200)));
     }
     let key = pool.key();
     let mut indexes = BTreeMap::new();
     let mut requeue = retire_own_ledger(&pool, &ctx).await?;
+    let mut releasing = false;
     for ipclaim in ctx.ipclaims.state().into_iter().map(AnyClaim::from) {
         if ipclaim.pool_key().as_ref() != Some(&key) || ipclaim.paused() {
             continue;
@@ -158,11 +155,21 @@ async fn reconcile_proxy(
         };
         match step {
             Step::Done => {}
-            Step::Again(after) => requeue = Some(after),
+            Step::Again(after) => {
+                releasing |= ipclaim.deleting();
+                requeue = Some(after);
+            }
             Step::Served(address) => {
                 indexes.insert(ipclaim.name(), address);
             }
         }
+    }
+    // The pool goes once no address is mirrored (nor was just now) and no deleting IPClaim
+    // waits for its release: a claim released halfway when its pool went would be left to the
+    // orphan controller.
+    if deleting && proxy.mirrors.is_empty() && indexes.is_empty() && !releasing {
+        objects::remove_finalizer(&pools, &*pool, IPPool::FINALIZER).await?;
+        return Ok(Action::await_change());
     }
     write_indexes(&pools, &pool, indexes).await?;
     Ok(match requeue {

@@ -49,11 +49,41 @@ fn watch_config(settings: &Settings, filtered: bool) -> watcher::Config {
     }
 }
 
+/// Tells that objects may have left some caches: deleted, or missing from a list after the
+/// watch broke. A store's subscribers hear of changes only, so whatever judges an object by
+/// what another cache holds (a claim by whether its pool is cached) listens to this as well.
+#[derive(Clone)]
+pub(crate) struct Removals(Arc<tokio::sync::watch::Sender<()>>);
+
+impl Removals {
+    fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(())))
+    }
+
+    fn tell(&self) {
+        self.0.send_modify(|_| {});
+    }
+
+    /// One item per removal from the first poll on (earlier ones are in what the first lists
+    /// deliver); removals that come while the last is being handled are told once.
+    pub(crate) fn stream(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        let receiver = self.0.subscribe();
+        futures::stream::unfold((receiver, true), |(mut receiver, first)| async move {
+            if first {
+                receiver.mark_unchanged();
+            }
+            receiver.changed().await.ok()?;
+            Some(((), (receiver, false)))
+        })
+    }
+}
+
 /// A shared cache of `K` kept by one watch, and a way to subscribe to its changes.
 pub(crate) struct Shared<K: Resource<DynamicType = ()> + Clone + 'static> {
     pub(crate) store: Store<K>,
     writer: Option<reflector::store::Writer<K>>,
     driver: Option<tokio::task::JoinHandle<()>>,
+    removals: Option<Removals>,
 }
 
 impl<K> Shared<K>
@@ -67,7 +97,15 @@ where
             store,
             writer: Some(writer),
             driver: None,
+            removals: None,
         }
+    }
+
+    /// The same, telling `removals` whenever objects may have left it.
+    fn telling(removals: &Removals) -> Self {
+        let mut shared = Self::new();
+        shared.removals = Some(removals.clone());
+        shared
     }
 
     /// The cache's changes, for a controller's triggers (see [`trigger::eager`]).
@@ -81,13 +119,23 @@ where
             return;
         };
         let kind = K::kind(&()).to_string();
+        let removals = self.removals.clone();
         let stream = watcher(api, config)
             .default_backoff()
             .modify(strip)
             .reflect_shared(writer)
             .for_each(move |event| {
-                if let Err(e) = event {
-                    tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+                match event {
+                    Err(e) => {
+                        tracing::warn!(kind = %kind, error = %e, "watch failed; retrying");
+                    }
+                    // A list replaces the store: what it lacks is gone without a Delete.
+                    Ok(watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                        if let Some(removals) = &removals {
+                            removals.tell();
+                        }
+                    }
+                    Ok(_) => {}
                 }
                 future::ready(())
             });
@@ -154,6 +202,8 @@ pub(crate) struct Caches {
     pub(crate) prefix_pools: Shared<InClusterPrefixPool>,
     pub(crate) global_prefix_pools: Shared<GlobalInClusterPrefixPool>,
     pub(crate) ippools: Shared<IPPool>,
+    /// Pools of any kind that left their cache.
+    pub(crate) pools_removed: Removals,
     pub(crate) data_templates: Shared<Metal3DataTemplate>,
     pub(crate) datas: Shared<Metal3Data>,
     pub(crate) data_claims: Shared<Metal3DataClaim>,
@@ -172,6 +222,7 @@ impl Caches {
                 "Cluster API core is not installed: claims are never paused through a Cluster"
             );
         }
+        let pools_removed = Removals::new();
         Self {
             // New claims are served before 100,000 claims are listed (`ipam::engine`).
             claims: Watched::new(ClaimObject::of_capi).with_arrivals(),
@@ -179,11 +230,12 @@ impl Caches {
             ipclaims: Watched::new(ClaimObject::of_metal3),
             metal3_addresses: Watched::new(AddressObject::of_metal3),
             clusters,
-            pools: Shared::new(),
-            global_pools: Shared::new(),
-            prefix_pools: Shared::new(),
-            global_prefix_pools: Shared::new(),
-            ippools: Shared::new(),
+            pools: Shared::telling(&pools_removed),
+            global_pools: Shared::telling(&pools_removed),
+            prefix_pools: Shared::telling(&pools_removed),
+            global_prefix_pools: Shared::telling(&pools_removed),
+            ippools: Shared::telling(&pools_removed),
+            pools_removed,
             data_templates: Shared::new(),
             datas: Shared::new(),
             data_claims: Shared::new(),
@@ -262,5 +314,27 @@ impl Caches {
             self.datas.start(api(client, ns), filtered.clone());
             self.data_claims.start(api(client, ns), filtered);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    /// Removals told before the first look are not told again (the first lists carry them);
+    /// later ones are, several at once as one.
+    #[tokio::test]
+    async fn removals_are_told_from_the_first_look_on_and_coalesced() {
+        let removals = Removals::new();
+        let mut stream = Box::pin(removals.stream());
+        removals.tell();
+        assert!(stream.next().now_or_never().is_none(), "told before the first look");
+        removals.tell();
+        removals.tell();
+        assert_eq!(stream.next().now_or_never(), Some(Some(())));
+        assert!(stream.next().now_or_never().is_none(), "two removals told once");
+        removals.tell();
+        assert_eq!(stream.next().await, Some(()));
     }
 }
