@@ -98,7 +98,7 @@ impl Controllers {
             ),
             orphan_data_claims: on.when(
                 groups.metal3_data,
-                metal3data::orphan_data_claim_controller(data_claims, templates, ctx),
+                metal3data::orphan_data_claim_controller(data_claims, caches, ctx),
             ),
             datas: on.when(
                 groups.metal3_data,

@@ -667,6 +667,80 @@ async fn a_template_error_is_reported_on_the_metal3_data() {
     );
 }
 
+/// A Metal3DataClaim whose last change came while its template was cached hears nothing of its
+/// own when the template leaves the cache: deleted while its template is paused (which serves
+/// nobody), it is released once the template is gone from the process's view.
+#[tokio::test]
+async fn a_deleting_data_claim_is_released_when_its_template_goes_without_releasing_it() {
+    let f = Fixture::new("m3data-left").await;
+    let template = |name: &str| {
+        json!({
+            "metadata": {"name": name, "namespace": f.ns(), "labels": f.labels()},
+            "spec": {"clusterName": CLUSTER, "metaData": {}, "networkData": {}},
+        })
+    };
+    let first = Bitpool::start(f.ns(), &[]);
+    f.create::<Metal3DataTemplate>(template("paused")).await;
+    f.create::<Metal3DataClaim>(json!({
+        "metadata": {"name": "left", "namespace": f.ns(), "labels": f.labels()},
+        "spec": {"template": {"name": "paused"}},
+    }))
+    .await;
+    let (claims, templates) = (
+        f.env.api::<Metal3DataClaim>(),
+        f.env.api::<Metal3DataTemplate>(),
+    );
+    let protected = |name: &'static str| {
+        let templates = templates.clone();
+        async move {
+            let template = templates.get_opt(name).await.ok()??;
+            (!template.finalizers().is_empty()).then_some(())
+        }
+    };
+    eventually("the claim protected", WAIT, || async {
+        let claim = claims.get_opt("left").await.ok()??;
+        (!claim.finalizers().is_empty()).then_some(())
+    })
+    .await;
+    eventually("the template protected", WAIT, || protected("paused")).await;
+    // Paused and deleted while no process runs: the next one sees both from its start.
+    drop(first);
+    let patch = |value: Value| Patch::Merge(json!({ "metadata": value }));
+    templates
+        .patch(
+            "paused",
+            &PatchParams::default(),
+            &patch(json!({"annotations": {"cluster.x-k8s.io/paused": ""}})),
+        )
+        .await
+        .expect("pause the template");
+    claims
+        .delete("left", &DeleteParams::default())
+        .await
+        .expect("delete the claim");
+    let _bitpool = Bitpool::start(f.ns(), &[]);
+    // Reconciles run once every cache is in: a template protected means the claim was judged
+    // with its template cached.
+    f.create::<Metal3DataTemplate>(template("marker")).await;
+    eventually("the marker template protected", WAIT, || {
+        protected("marker")
+    })
+    .await;
+    let waiting = claims.get("left").await.expect("the claim waits");
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+    // Out of the process's watch filter, the template leaves its cache with a deletion alone
+    // (a deleted template's last change may still trigger its claims; this has none).
+    templates
+        .patch(
+            "paused",
+            &PatchParams::default(),
+            &patch(json!({"labels": {"cluster.x-k8s.io/watch-filter": null}})),
+        )
+        .await
+        .expect("take the template out of the watch filter");
+    f.gone::<Metal3DataClaim>("left").await;
+}
+
 #[tokio::test]
 async fn two_racing_processes_and_a_kill_mid_burst_give_each_claim_one_index_and_one_data() {
     let f = Fixture::new("m3datarace").await;

@@ -39,15 +39,18 @@ pub(crate) fn template_controller(
 }
 
 /// Metal3DataClaims whose template is missing (see [`template::reconcile_claim`]),
-/// triggered again when a template of their name appears.
+/// triggered again when a template of their name appears, and all of them when a template goes
+/// (a claim whose last change came while its template was there has no event of its own).
 pub(crate) fn orphan_data_claim_controller(
     data_claims: &Shared<Metal3DataClaim>,
-    templates: &Shared<Metal3DataTemplate>,
+    caches: &Caches,
     ctx: &Arc<Context>,
 ) -> Option<Controller<Metal3DataClaim>> {
     let ctx = ctx.clone();
+    let templates = &caches.data_templates;
     Some(
         Controller::for_shared_stream(data_claims.subscribe()?, data_claims.store.clone())
+            .reconcile_all_on(caches.templates_removed.stream())
             .watches_shared_stream(templates.subscribe()?, move |template| {
                 let namespace = template.meta().namespace.clone().unwrap_or_default();
                 let name = template.meta().name.clone().unwrap_or_default();

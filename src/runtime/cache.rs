@@ -204,6 +204,8 @@ pub(crate) struct Caches {
     pub(crate) ippools: Shared<IPPool>,
     /// Pools of any kind that left their cache.
     pub(crate) pools_removed: Removals,
+    /// Metal3DataTemplates that left theirs.
+    pub(crate) templates_removed: Removals,
     pub(crate) data_templates: Shared<Metal3DataTemplate>,
     pub(crate) datas: Shared<Metal3Data>,
     pub(crate) data_claims: Shared<Metal3DataClaim>,
@@ -222,7 +224,7 @@ impl Caches {
                 "Cluster API core is not installed: claims are never paused through a Cluster"
             );
         }
-        let pools_removed = Removals::new();
+        let (pools_removed, templates_removed) = (Removals::new(), Removals::new());
         Self {
             // New claims are served before 100,000 claims are listed (`ipam::engine`).
             claims: Watched::new(ClaimObject::of_capi).with_arrivals(),
@@ -236,7 +238,8 @@ impl Caches {
             global_prefix_pools: Shared::telling(&pools_removed),
             ippools: Shared::telling(&pools_removed),
             pools_removed,
-            data_templates: Shared::new(),
+            data_templates: Shared::telling(&templates_removed),
+            templates_removed,
             datas: Shared::new(),
             data_claims: Shared::new(),
             namespaces: Shared::new(),
@@ -329,11 +332,17 @@ mod tests {
         let removals = Removals::new();
         let mut stream = Box::pin(removals.stream());
         removals.tell();
-        assert!(stream.next().now_or_never().is_none(), "told before the first look");
+        assert!(
+            stream.next().now_or_never().is_none(),
+            "told before the first look"
+        );
         removals.tell();
         removals.tell();
         assert_eq!(stream.next().now_or_never(), Some(Some(())));
-        assert!(stream.next().now_or_never().is_none(), "two removals told once");
+        assert!(
+            stream.next().now_or_never().is_none(),
+            "two removals told once"
+        );
         removals.tell();
         assert_eq!(stream.next().await, Some(()));
     }
