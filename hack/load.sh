@@ -12,6 +12,8 @@
 #                                                    CAPM3 rendering with bitpool, bitpool alone
 #   hack/load.sh --pools 1000x10 --peer              many pools
 #   hack/load.sh --backlog 10000,50000               backlogs served from a fresh start
+#   hack/load.sh --chunked 10000                     500 at a time on a /16 and a /64, then on a
+#                                                    /8 and ::/0 (memory by the work's shape)
 #   hack/load.sh --hold 100000                       memory and start-up with 100,000 allocated
 #   hack/load.sh --admission 50000                   a pool delete's and update's admission, 50,000 allocated
 #

@@ -23,7 +23,7 @@ use kube::Api;
 
 use flavour::Flavour;
 use provider::{Kind, Provider};
-use scenario::{Row, Scenario};
+use scenario::{Networks, Row, Scenario};
 
 #[derive(Parser, Debug)]
 #[command(about = "Loads a provider with IPAddressClaims and measures it")]
@@ -55,6 +55,11 @@ struct Args {
     /// Many pools: `<pools>x<claims per pool>`.
     #[arg(long, value_delimiter = ',')]
     pools: Vec<String>,
+    /// Claims made 500 at a time, each 500 served before the next, on two pools (IPv4 and IPv6):
+    /// a /16 and a /64, then a /8 and all of IPv6 (memory by the shape of the work; bitpool
+    /// only).
+    #[arg(long, value_delimiter = ',')]
+    chunked: Vec<usize>,
     /// Backlogs: claims created while the provider is stopped, then served from its start.
     #[arg(long, value_delimiter = ',')]
     backlog: Vec<usize>,
@@ -191,6 +196,7 @@ fn claim_runs(args: &Args) -> bool {
         && args.pools.is_empty()
         && args.metal3_claims.is_empty()
         && args.backlog.is_empty()
+        && args.chunked.is_empty()
         && args.hold.is_none())
 }
 
@@ -232,10 +238,14 @@ fn scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
         all.push(Scenario::burst_of(Flavour::CapiOnMetal3, *n));
     }
     all.extend(args.backlog.iter().map(|n| Scenario::backlog(*n)));
+    for n in &args.chunked {
+        all.push(Scenario::chunked(*n, Networks::Narrow));
+        all.push(Scenario::chunked(*n, Networks::Wide));
+    }
     all.extend(args.hold.map(Scenario::hold));
     if all.is_empty() {
         return Err(
-            "nothing to run: give --claims, --metal3-claims, --pools, --backlog, --hold or --metal3-hosts".into(),
+            "nothing to run: give --claims, --metal3-claims, --pools, --backlog, --chunked, --hold or --metal3-hosts".into(),
         );
     }
     Ok(all)

@@ -23,7 +23,33 @@ pub enum Mode {
     Backlog,
     /// A burst kept across a restart of the provider: memory and start-up with it allocated.
     Hold,
+    /// Claims created this many at a time, each chunk served before the next is made.
+    Chunked(usize),
 }
+
+/// The networks of a run's pools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Networks {
+    /// One /14, or /24s side by side ([`workload::pool`]).
+    Sized,
+    /// Two pools, IPv4 and IPv6 ([`workload::two_family_pool`]): a /16 and a /64.
+    Narrow,
+    /// The same two of the largest size each family has: a /8 and all of IPv6.
+    Wide,
+}
+
+impl Networks {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Sized => "one pool",
+            Self::Narrow => "a /16 and a /64",
+            Self::Wide => "a /8 and ::/0",
+        }
+    }
+}
+
+/// How many claims a chunked run makes at a time.
+pub const CHUNK: usize = 500;
 
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -31,6 +57,7 @@ pub struct Scenario {
     pub per_pool: usize,
     pub mode: Mode,
     pub flavour: Flavour,
+    pub networks: Networks,
 }
 
 impl Scenario {
@@ -40,6 +67,16 @@ impl Scenario {
             per_pool,
             mode: Mode::Burst,
             flavour: Flavour::CapiOnInCluster,
+            networks: Networks::Sized,
+        }
+    }
+
+    /// `claims` claims made [`CHUNK`] at a time on two pools of `networks`, alternately.
+    pub fn chunked(claims: usize, networks: Networks) -> Self {
+        Self {
+            mode: Mode::Chunked(CHUNK),
+            networks,
+            ..Self::burst(2, claims.div_ceil(2))
         }
     }
 
@@ -75,7 +112,8 @@ impl Scenario {
         match provider.kind {
             Kind::Bitpool => true,
             peer => {
-                peer.serves(self.flavour) && self.mode != Mode::Hold && self.claims() <= peer_max
+                let peers_run = matches!(self.mode, Mode::Burst | Mode::Backlog);
+                peer.serves(self.flavour) && peers_run && self.claims() <= peer_max
             }
         }
     }
@@ -85,6 +123,10 @@ impl Scenario {
             Mode::Burst => "burst",
             Mode::Backlog => "backlog",
             Mode::Hold => "held",
+            Mode::Chunked(chunk) => {
+                let (claims, networks) = (self.claims(), self.networks.describe());
+                return format!("{claims} claims in chunks of {chunk} on {networks}");
+            }
         };
         let run = match self.pools {
             1 => format!("{what} of {} claims on one pool", self.per_pool),
@@ -323,7 +365,11 @@ impl Runner {
         let namespace = format!("load-{}-{stamp}", provider.slug());
         self.load.ensure_namespace(&namespace).await?;
         let pools: Vec<Pool> = (0..scenario.pools)
-            .map(|i| workload::pool(i, scenario.pools))
+            .map(|i| match scenario.networks {
+                Networks::Sized => workload::pool(i, scenario.pools),
+                Networks::Narrow => workload::two_family_pool(i, false),
+                Networks::Wide => workload::two_family_pool(i, true),
+            })
             .collect();
         let running = self.start(provider, &namespace)?;
         let flavour = scenario.flavour;
@@ -397,6 +443,9 @@ impl Runner {
             })
             .collect();
         let total = claims.len();
+        if let Mode::Chunked(chunk) = scenario.mode {
+            return self.allocate_in_chunks(run, claims, chunk).await;
+        }
         if scenario.mode == Mode::Backlog {
             // The provider stops (as a crash or an upgrade would), the claims pile up, and a fresh
             // process is timed from its start.
@@ -418,6 +467,33 @@ impl Runner {
             .await?;
         let served = self.all_served(run, total).await?;
         Ok((served - started, cpu_since(&run.running, before)?))
+    }
+
+    /// Makes the claims `chunk` at a time, the pools taking turns, each chunk served before the
+    /// next; the time counts from the first create.
+    async fn allocate_in_chunks(
+        &self,
+        run: &mut Run<'_>,
+        mut claims: Vec<(String, String)>,
+        chunk: usize,
+    ) -> Result<(Duration, f64), String> {
+        // Named `<pool>-<index>`: by index, then pool.
+        claims.sort_by(|a, b| (a.0.rsplit('-').next(), &a.1).cmp(&(b.0.rsplit('-').next(), &b.1)));
+        let started = Instant::now();
+        let before = run.running.usage()?;
+        let mut made = 0;
+        for part in claims.chunks(chunk.max(1)) {
+            self.load
+                .create_claims(&run.namespace, run.flavour, part.to_vec())
+                .await?;
+            made += part.len();
+            self.all_served(run, made).await?;
+        }
+        eprintln!(
+            "load: {:.0} MiB resident once the last chunk was served",
+            run.running.usage()?.rss_mib
+        );
+        Ok((started.elapsed(), cpu_since(&run.running, before)?))
     }
 
     async fn all_served(&self, run: &mut Run<'_>, total: usize) -> Result<Instant, String> {

@@ -60,6 +60,22 @@ pub fn pool(i: usize, count: usize) -> Pool {
     }
 }
 
+/// The `i`-th of two pools, IPv4 then IPv6: a /16 and a /64, or (`wide`) a /8 and all of IPv6.
+pub fn two_family_pool(i: usize, wide: bool) -> Pool {
+    let network = match (i.is_multiple_of(2), wide) {
+        (true, false) => "10.0.0.0/16",
+        (true, true) => "10.0.0.0/8",
+        (false, false) => "fd00:10::/64",
+        (false, true) => "::/0",
+    };
+    Pool {
+        name: format!("pool-{i:04}"),
+        network: network
+            .parse()
+            .unwrap_or_else(|_| unreachable!("a valid network literal")),
+    }
+}
+
 impl Load {
     /// Creates the namespace unless it is there (waiting out one still being deleted).
     pub async fn ensure_namespace(&self, name: &str) -> Result<(), String> {
