@@ -151,6 +151,8 @@ async fn reconcile_proxy(
         }
         let step = match ipclaim.meta.deleted {
             Some(_) => proxy.release_one(&ipclaim).await?,
+            // A pool being deleted starts serving nobody: only what it mirrors holds it up.
+            None if deleting && !proxy.mirrors.contains_key(&*ipclaim.meta.name) => Step::Done,
             None => proxy.serve_one(&ipclaim).await?,
         };
         match step {
