@@ -23,7 +23,7 @@ use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::kinds::{AnyAddress, AnyClaim};
 use crate::ipam::{self, claims, proxy, transaction};
 use crate::metal3data;
-use crate::runtime::cache::{Caches, Shared};
+use crate::runtime::cache::{Caches, Removals, Shared};
 use crate::runtime::cached::ClaimObject;
 use crate::runtime::context::Needs;
 use crate::runtime::controller::{Switch, run_controller};
@@ -63,10 +63,18 @@ impl Controllers {
             stopped,
             ctx,
         };
-        let orphan_claims =
-            orphan_controller(&caches.claims.index, caches, ctx, claims::capi_stand_in);
-        let orphan_ipclaims =
-            orphan_controller(&caches.ipclaims.index, caches, ctx, claims::metal3_stand_in);
+        let orphan_claims = orphan_controller(
+            &caches.claims.index,
+            &caches.pools_removed,
+            ctx,
+            claims::capi_stand_in,
+        );
+        let orphan_ipclaims = orphan_controller(
+            &caches.ipclaims.index,
+            &caches.pools_removed,
+            ctx,
+            claims::metal3_stand_in,
+        );
         let (templates, datas, data_claims) =
             (&caches.data_templates, &caches.datas, &caches.data_claims);
         Self {
@@ -187,7 +195,7 @@ pub async fn run(
 /// came while its pool was there is an orphan now, with no event of its own to say so).
 fn orphan_controller<K>(
     index: &Index<ClaimObject>,
-    caches: &Caches,
+    pools_removed: &Removals,
     ctx: &Arc<Context>,
     stand_in: fn(&ClaimObject) -> K,
 ) -> Controller<K>
@@ -204,7 +212,7 @@ where
     let (store, triggers) = selection(
         index,
         async move { ready.wait_for_caches().await },
-        futures::stream::select(ctx.ops.leadership.gained(), caches.pools_removed.stream()),
+        futures::stream::select(ctx.ops.leadership.gained(), pools_removed.stream()),
         move |claim| claims::may_be_orphan(&judged, claim),
         stand_in,
     );

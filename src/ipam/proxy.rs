@@ -166,10 +166,10 @@ async fn reconcile_proxy(
             }
         }
     }
-    // The pool goes once no address is mirrored (nor was just now) and no deleting IPClaim
-    // waits for its release: a claim released halfway when its pool went would be left to the
-    // orphan controller.
-    if deleting && proxy.mirrors.is_empty() && indexes.is_empty() && !releasing {
+    // The pool goes once no address is mirrored (it mirrors none anew while deleted) and no
+    // deleting IPClaim waits for its release: a claim released halfway when its pool went would
+    // be left to the orphan controller.
+    if deleting && proxy.mirrors.is_empty() && !releasing {
         objects::remove_finalizer(&pools, &*pool, IPPool::FINALIZER).await?;
         return Ok(Action::await_change());
     }

@@ -435,13 +435,18 @@ impl Runner {
         run: &mut Run<'_>,
         scenario: &Scenario,
     ) -> Result<(Duration, f64), String> {
-        let claims: Vec<(String, String)> = run
-            .pools
-            .iter()
-            .flat_map(|p| {
-                (0..scenario.per_pool).map(move |i| (format!("{}-{i:06}", p.name), p.name.clone()))
-            })
-            .collect();
+        let (pools, per_pool) = (&run.pools, scenario.per_pool);
+        let claim = |p: &Pool, i: usize| (format!("{}-{i:06}", p.name), p.name.clone());
+        let claims: Vec<(String, String)> = match scenario.mode {
+            // The pools take turns.
+            Mode::Chunked(_) => (0..per_pool)
+                .flat_map(|i| pools.iter().map(move |p| claim(p, i)))
+                .collect(),
+            _ => pools
+                .iter()
+                .flat_map(|p| (0..per_pool).map(move |i| claim(p, i)))
+                .collect(),
+        };
         let total = claims.len();
         if let Mode::Chunked(chunk) = scenario.mode {
             return self.allocate_in_chunks(run, claims, chunk).await;
@@ -469,16 +474,14 @@ impl Runner {
         Ok((served - started, cpu_since(&run.running, before)?))
     }
 
-    /// Makes the claims `chunk` at a time, the pools taking turns, each chunk served before the
-    /// next; the time counts from the first create.
+    /// Makes the claims `chunk` at a time in their order, each chunk served before the next;
+    /// the time counts from the first create.
     async fn allocate_in_chunks(
         &self,
         run: &mut Run<'_>,
-        mut claims: Vec<(String, String)>,
+        claims: Vec<(String, String)>,
         chunk: usize,
     ) -> Result<(Duration, f64), String> {
-        // Named `<pool>-<index>`: by index, then pool.
-        claims.sort_by(|a, b| (a.0.rsplit('-').next(), &a.1).cmp(&(b.0.rsplit('-').next(), &b.1)));
         let started = Instant::now();
         let before = run.running.usage()?;
         let mut made = 0;
