@@ -280,6 +280,7 @@ fn error_kind(e: &AllocError) -> &'static str {
         AllocError::RequestedUnparseable { .. } => "unparseable",
         AllocError::RequestedNotASubPrefix { .. } => "not-a-sub-prefix",
         AllocError::PreAllocationOutOfBounds { .. } => "pre-outside",
+        AllocError::ReservedOutsidePool { .. } => "reserved-outside",
     }
 }
 

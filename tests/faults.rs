@@ -1527,3 +1527,73 @@ async fn new_claims_are_served_before_the_address_objects_are_listed() {
     assert_consistent(&env, "InClusterIPPool", "pool", 20, WAIT).await;
     assert_warnings_name_objects(&bitpool);
 }
+
+/// A reservation whose address the pool no longer contains when its create is sent again (a
+/// process killed between reserving and creating, and the address's subnet removed from the
+/// pool meanwhile): the claim gets no IPAddress with another subnet's prefix and gateway, but
+/// a condition that says what happened and what to do, and the reservation is kept.
+#[tokio::test]
+async fn a_reservation_outside_every_subnet_gets_no_other_subnets_prefix_or_gateway() {
+    let env = Env::new("reserved-outside").await;
+    let mut spec = with_gateway(capi_spec(&["10.36.0.10-10.36.0.20"], 24), "10.36.0.1");
+    spec.subnets = vec![bitpool::api::capi_pools::PoolSubnet {
+        addresses: vec!["10.36.1.10-10.36.1.20".into()],
+        prefix: 25,
+        gateway: Some("10.36.1.1".into()),
+        dns_servers: Vec::new(),
+    }];
+    capi_pool(&env, "racks", spec).await;
+    let mut bitpool = Bitpool::start(env.name(), &[]);
+    claim(&env, "warm", "InClusterIPPool", "racks").await;
+    wait_claim(&env, "warm", "served", |c| c.status == "True").await;
+    bitpool.kill();
+
+    // What a process killed after reserving leaves: a reservation for the claim, here of an
+    // address in a third subnet that the pool had when it was made.
+    let stranded = claim(&env, "stranded", "InClusterIPPool", "racks").await;
+    let uid = stranded.uid().expect("the server sets a UID");
+    edit_ledger(&env, "racks", |cm| {
+        let mut ledger =
+            bitpool::ipam::ledger::Ledger::from_config_map(cm).expect("a readable ledger");
+        let reservation = bitpool::ipam::ledger::Reservation {
+            claim_namespace: env.name().to_string(),
+            claim_name: "stranded".into(),
+            claim_uid: uid.clone(),
+            since: k8s_openapi::jiff::Timestamp::now().to_string(),
+        };
+        ledger.reserve("10.36.2.15".parse().expect("an address"), reservation);
+        *cm = ledger.to_config_map(cm.metadata.clone());
+    })
+    .await;
+
+    let _bitpool = Bitpool::start(env.name(), &[]);
+    let refused = wait_claim(&env, "stranded", "refused, saying why", |c| {
+        c.status == "False" && c.reason == "AllocationFailed"
+    })
+    .await;
+    assert!(
+        refused.message.contains("10.36.2.15") && refused.message.contains("outside every subnet"),
+        "{}",
+        refused.message
+    );
+    let addresses: Api<IPAddress> = env.api();
+    assert!(
+        addresses
+            .list(&ListParams::default())
+            .await
+            .expect("list IPAddresses")
+            .items
+            .iter()
+            .all(|a| a.spec.claim_ref.name != "stranded"),
+        "no IPAddress for the stranded claim"
+    );
+    let ledger = env
+        .ledger("InClusterIPPool", "racks")
+        .await
+        .expect("the ledger");
+    assert_eq!(
+        ledger.reservation_of(&uid).map(|(a, _)| a.to_string()),
+        Some("10.36.2.15".to_string()),
+        "the reservation is kept"
+    );
+}

@@ -121,6 +121,10 @@ pub enum AllocError {
     PreAllocatedInUse { address: IpAddr },
     #[error("preallocated address {address} is not in the pool")]
     PreAllocationOutOfBounds { address: IpAddr },
+    #[error(
+        "address {address}, reserved for this claim before the pool changed, lies outside every subnet of the pool now, so it has no prefix or gateway to go with it; it stays reserved for the claim: put its range back in the pool, or delete the claim to release it"
+    )]
+    ReservedOutsidePool { address: IpAddr },
 }
 
 impl AllocError {
@@ -154,6 +158,9 @@ impl AllocError {
                 address: f(address),
             },
             PreAllocationOutOfBounds { address } => PreAllocationOutOfBounds {
+                address: f(address),
+            },
+            ReservedOutsidePool { address } => ReservedOutsidePool {
                 address: f(address),
             },
         }

@@ -371,7 +371,9 @@ mod tests {
             take(&mut space, numbering, 3),
             ["10.0.0.0/28", "10.0.0.64/28", "10.0.0.80/28"]
         );
-        let lease = space.lease_for(numbering.parse("10.0.0.0/28").expect("sub-prefix"));
+        let lease = space
+            .lease(numbering.parse("10.0.0.0/28").expect("sub-prefix"))
+            .expect("in the pool");
         assert_eq!(lease.gateway, Some(ip("10.0.0.1")));
     }
 

@@ -171,19 +171,6 @@ impl AddressSpace {
         }
     }
 
-    /// The lease for an allocated `address`: its entry's parameters, or for an address the pool
-    /// no longer contains, the pool's first entry's.
-    pub fn lease_for(&self, address: IpAddr) -> Lease {
-        self.lease_of(family::to_value(address))
-    }
-
-    fn lease_of(&self, value: u128) -> Lease {
-        match self.segment_of(value) {
-            Some(segment) => self.lease_with(value, &self.layout.params[segment.params]),
-            None => self.lease_with(value, &self.layout.params[0]),
-        }
-    }
-
     pub fn counts(&self) -> Counts {
         let reserved = self
             .reserved
@@ -271,8 +258,14 @@ impl AddressSpace {
                 value
             }
         };
+        // Every branch above chose a value inside a segment; an address outside them all gets
+        // no other subnet's prefix and gateway.
+        let address = family.address(value);
+        let lease = self
+            .lease(address)
+            .ok_or(AllocError::ReservedOutsidePool { address })?;
         self.used.insert(value);
-        Ok(self.lease_of(value))
+        Ok(lease)
     }
 
     /// The first free address in pool order.

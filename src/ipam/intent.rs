@@ -340,13 +340,18 @@ fn allocate(
         let reservation = request.claim.reservation(now);
         let reserved = next.reservation_of(&request.claim.uid).map(|(a, _)| a);
         let outcome = match reserved {
-            Some(address) => {
-                // Its create is sent again: the time a create of it can land counts from now.
-                if let Some(r) = next.pending.get_mut(&address.to_string()) {
-                    r.since = now.to_string();
+            // A reservation the pool no longer contains (its spec shrank meanwhile) keeps its
+            // address and is not sent again: no other subnet's prefix and gateway go with it.
+            Some(address) => match space.lease(address) {
+                Some(lease) => {
+                    // Its create is sent again: the time a create of it can land counts from now.
+                    if let Some(r) = next.pending.get_mut(&address.to_string()) {
+                        r.since = now.to_string();
+                    }
+                    Ok(lease)
                 }
-                Ok(space.lease_for(address))
-            }
+                None => Err(Refusal::Alloc(AllocError::ReservedOutsidePool { address })),
+            },
             None if fenced.is_some() => Err(Refusal::Fenced {
                 until: fenced.clone().unwrap_or_default(),
             }),
@@ -452,6 +457,34 @@ mod tests {
         let (second, again) = run(&first, &intent, &mut rng);
         assert_eq!(second, first);
         assert_eq!(again, outcomes);
+    }
+
+    /// A claim whose reserved address left the pool (its spec shrank before the create was
+    /// sent again) gets no lease of another subnet: it is refused, saying so, and the
+    /// reservation stays as it was, neither freed nor refreshed.
+    #[test]
+    fn a_reservation_the_pool_no_longer_contains_is_refused_and_kept() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let intent = Intent {
+            allocate: vec![request("a")],
+            ..Default::default()
+        };
+        let (mut first, _) = run(&Ledger::default(), &intent, &mut rng);
+        // The reservation as one made on a wider pool: 10.0.0.9 is outside 10.0.0.1-3.
+        let reservation = first.pending.remove("10.0.0.1").expect("reserved");
+        first.remove(ip("10.0.0.1"));
+        first.reserve(ip("10.0.0.9"), reservation);
+        let (next, outcomes) = apply(&first, Some(&mut space()), &intent, NOW, &mut rng);
+        assert_eq!(
+            outcomes["a"],
+            Err(Refusal::Alloc(AllocError::ReservedOutsidePool {
+                address: ip("10.0.0.9")
+            }))
+        );
+        assert_eq!(
+            next, first,
+            "the reservation is kept, and nothing else is taken"
+        );
     }
 
     #[test]

@@ -579,6 +579,8 @@ fn metal3_error(outcome: &Outcome) -> Option<String> {
             | AllocError::RequestedPreallocated { .. } => "Requested IP not available".into(),
             AllocError::PreAllocatedInUse { .. } => "Pre-allocated IP not available".into(),
             AllocError::PreAllocationOutOfBounds { .. } => "Pre-allocated IP out of bounds".into(),
+            // No upstream words for it: upstream hands such an address another entry's prefix.
+            e @ AllocError::ReservedOutsidePool { .. } => e.to_string(),
         },
         // Upstream's words first, which tooling matches; then what exactly is wrong.
         Outcome::Failed(reason) => {
