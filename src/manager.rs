@@ -75,8 +75,7 @@ impl Controllers {
             ctx,
             claims::metal3_stand_in,
         );
-        let (templates, datas, data_claims) =
-            (&caches.data_templates, &caches.datas, &caches.data_claims);
+        let (datas, data_claims) = (&caches.datas, &caches.data_claims);
         Self {
             in_cluster: on.when(
                 groups.capi_ipam,
@@ -102,7 +101,7 @@ impl Controllers {
             orphan_ipclaims: on.when(groups.metal3_pools(), Some(orphan_ipclaims)),
             templates: on.when(
                 groups.metal3_data,
-                metal3data::template_controller(templates, datas, data_claims),
+                metal3data::template_controller(caches, ctx),
             ),
             orphan_data_claims: on.when(
                 groups.metal3_data,

@@ -894,3 +894,151 @@ async fn exhausted_pools_are_reported_on_the_metal3_data_and_retried() {
     let meta = f.secret_text("m3m-1-metadata", "metaData").await;
     assert!(meta.starts_with("ip: 192.168.200.10\n"), "{meta}");
 }
+
+/// A finalizer of someone else's, holding a Metal3Data back after bitpool released it.
+const HOLD: &str = "example.com/hold";
+
+/// A `bitpool run` serving the fixture's namespace with its metrics open, once they answer, and
+/// their endpoints.
+async fn start_with_metrics(f: &Fixture) -> (Bitpool, support::ops::Endpoints) {
+    let endpoints = support::ops::Endpoints::new();
+    let args = endpoints.args(false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let bitpool = Bitpool::start(f.ns(), &args);
+    support::wait::wait_listening(endpoints.diagnostics, "the metrics endpoint").await;
+    (bitpool, endpoints)
+}
+
+/// How many Metal3DataTemplate reconciles the process has run.
+async fn template_reconciles(endpoints: &support::ops::Endpoints) -> f64 {
+    let metrics = endpoints.metrics().await;
+    let series = r#"bitpool_reconcile_duration_seconds_count{controller="Metal3DataTemplate"}"#;
+    support::ops::sample(&metrics, series).unwrap_or(0.0)
+}
+
+/// Once the template controller has done what the last changes asked (no reconcile for a
+/// second), checks that it does nothing for `window` in which nothing changes: no template
+/// looks again on a timer. Returns the reconciles so far.
+async fn assert_templates_idle(endpoints: &support::ops::Endpoints, window: Duration) -> f64 {
+    let settled = eventually("the template controller done", WAIT, || async {
+        let before = template_reconciles(endpoints).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        (template_reconciles(endpoints).await == before).then_some(before)
+    })
+    .await;
+    tokio::time::sleep(window).await;
+    assert_eq!(
+        template_reconciles(endpoints).await,
+        settled,
+        "Metal3DataTemplates reconciled while nothing changed"
+    );
+    settled
+}
+
+/// A template deleted while its Metal3Data is held by a foreign finalizer waits for it without
+/// looking again, and goes once the Metal3Data does (a removal shared watches do not report).
+#[tokio::test]
+async fn a_deleting_template_waits_for_its_last_metal3_data_without_polling() {
+    let f = Fixture::new("m3data-wait").await;
+    let (_bitpool, endpoints) = start_with_metrics(&f).await;
+    f.create::<Metal3DataTemplate>(json!({
+        "metadata": {"name": "doomed", "namespace": f.ns(), "labels": f.labels()},
+        "spec": {"clusterName": CLUSTER, "metaData": {}, "networkData": {}},
+    }))
+    .await;
+    f.host("node-0", "00:5c:52:31:3d:00").await;
+    f.machine_on("m3m-0", "node-0", "doomed").await;
+    let data = f.ready_data("m3m-0").await;
+    let (datas, templates) = (f.env.api::<Metal3Data>(), f.env.api::<Metal3DataTemplate>());
+    let mut finalizers = data.finalizers().to_vec();
+    finalizers.push(HOLD.to_string());
+    let hold = json!({"metadata": {
+        "finalizers": finalizers, "resourceVersion": data.resource_version(),
+    }});
+    datas
+        .patch(
+            &data.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(hold),
+        )
+        .await
+        .expect("hold the Metal3Data");
+    templates
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete the template");
+    f.env
+        .api::<Metal3DataClaim>()
+        .delete("m3m-0", &DeleteParams::default())
+        .await
+        .expect("delete the claim");
+    f.gone::<Metal3DataClaim>("m3m-0").await;
+    eventually("the Metal3Data released but held", WAIT, || async {
+        let data = datas.get_opt(&data.name_any()).await.ok()??;
+        (data.metadata.deletion_timestamp.is_some() && data.finalizers() == [HOLD]).then_some(())
+    })
+    .await;
+
+    assert_templates_idle(&endpoints, Duration::from_secs(5)).await;
+    let waiting = templates.get("doomed").await.expect("the template waits");
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+
+    let release = json!({"metadata": {"finalizers": null}});
+    datas
+        .patch(
+            &data.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(release),
+        )
+        .await
+        .expect("let the Metal3Data go");
+    f.gone::<Metal3DataTemplate>("doomed").await;
+}
+
+/// A template paused by its Cluster waits without looking again, and is served once the Cluster
+/// is unpaused (which changes no template).
+#[tokio::test]
+async fn a_template_paused_by_its_cluster_waits_without_polling_and_is_served_once_unpaused() {
+    let f = Fixture::new("m3data-unpause").await;
+    let cluster = resource("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters");
+    f.create_dynamic(
+        &cluster,
+        json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": CLUSTER, "namespace": f.ns()},
+            "spec": {"paused": true},
+        }),
+    )
+    .await;
+    let (_bitpool, endpoints) = start_with_metrics(&f).await;
+    f.create::<Metal3DataTemplate>(json!({
+        "metadata": {"name": "held", "namespace": f.ns(), "labels": f.labels()},
+        "spec": {"clusterName": CLUSTER, "metaData": {}, "networkData": {}},
+    }))
+    .await;
+    f.host("node-0", "00:5c:52:31:3e:00").await;
+    f.machine_on("m3m-0", "node-0", "held").await;
+    eventually("the paused template looked at", WAIT, || async {
+        (template_reconciles(&endpoints).await >= 1.0).then_some(())
+    })
+    .await;
+
+    // Longer than the 30 s after which a paused template used to look again.
+    assert_templates_idle(&endpoints, Duration::from_secs(31)).await;
+    let template = f.env.api::<Metal3DataTemplate>().get("held").await;
+    assert!(template.expect("the template").finalizers().is_empty());
+    let claim = f.env.api::<Metal3DataClaim>().get("m3m-0").await;
+    let bound = claim
+        .expect("the claim")
+        .status
+        .and_then(|s| s.rendered_data);
+    assert!(bound.is_none(), "served while paused: {bound:?}");
+
+    let unpause = json!({"spec": {"paused": false}});
+    f.dynamic(&cluster)
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(unpause))
+        .await
+        .expect("unpause the Cluster");
+    let data = f.ready_data("m3m-0").await;
+    assert_eq!(data.name_any(), "held-0");
+}

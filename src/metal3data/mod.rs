@@ -12,6 +12,7 @@ pub mod template;
 
 use std::sync::Arc;
 
+use futures::{StreamExt, stream};
 use kube::Resource;
 use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
@@ -21,21 +22,36 @@ use crate::runtime::Context;
 use crate::runtime::cache::{Caches, Shared};
 use crate::runtime::trigger::Triggers;
 
-/// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data.
+/// Metal3DataTemplates, triggered by their Metal3DataClaims and Metal3Data, by Metal3Data
+/// removals (see [`template::after_data_removal`]) and by their Clusters' unpause.
 pub(crate) fn template_controller(
-    templates: &Shared<Metal3DataTemplate>,
-    datas: &Shared<Metal3Data>,
-    data_claims: &Shared<Metal3DataClaim>,
+    caches: &Caches,
+    ctx: &Arc<Context>,
 ) -> Option<Controller<Metal3DataTemplate>> {
-    Some(
+    let (templates, datas) = (&caches.data_templates, &caches.datas);
+    let removed = ctx.clone();
+    let mut controller =
         Controller::for_shared_stream(templates.subscribe()?, templates.store.clone())
-            .watches_shared_stream(data_claims.subscribe()?, |claim| {
+            .watches_shared_stream(caches.data_claims.subscribe()?, |claim| {
                 data::template_of(&claim.spec.template, claim.meta().namespace.as_deref())
             })
             .watches_shared_stream(datas.subscribe()?, |d| {
                 data::template_of(&d.spec.template, d.meta().namespace.as_deref())
-            }),
-    )
+            })
+            // Looked up on each removal, when the cache no longer holds what went.
+            .reconcile_on(
+                caches
+                    .datas_removed
+                    .stream()
+                    .flat_map(move |()| stream::iter(template::after_data_removal(&removed))),
+            );
+    if let Some(clusters) = &caches.clusters {
+        let templates = templates.store.clone();
+        controller = controller.watches_shared_stream(clusters.subscribe()?, move |cluster| {
+            template::unpaused_by(&templates, &cluster)
+        });
+    }
+    Some(controller)
 }
 
 /// Metal3DataClaims whose template is missing (see [`template::reconcile_claim`]),

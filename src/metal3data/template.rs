@@ -13,10 +13,11 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use crate::api::capi::Cluster;
 use crate::api::labels;
 use crate::api::metal3_data::{
     DATA_CLAIM_FINALIZER, IndexEntry, Metal3Data, Metal3DataClaim, Metal3DataSpec,
@@ -28,8 +29,6 @@ use crate::runtime::objects::{self, FinalizerPatch};
 
 /// How soon to look again after losing a race with another writer.
 const RETRY: Duration = Duration::from_secs(1);
-/// How often a paused template looks again (unpausing a Cluster is no event for it).
-const PAUSED_RECHECK: Duration = Duration::from_secs(30);
 
 /// The Metal3Data of `template` at `index`.
 pub fn data_name(template: &str, index: i64) -> String {
@@ -95,8 +94,8 @@ pub async fn reconcile(
 
     let deleting = template.meta().deletion_timestamp.is_some();
     if !deleting && template_paused(&template, &ctx, &namespace) {
-        // Unpausing a Cluster does not touch its templates: look again later.
-        return Ok(Action::requeue(PAUSED_RECHECK));
+        // Its own unpause is its event, its Cluster's comes through `unpaused_by`.
+        return Ok(Action::await_change());
     }
     if !deleting
         && objects::add_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?
@@ -122,9 +121,9 @@ pub async fn reconcile(
             objects::remove_finalizer(&templates, &template, TEMPLATE_FINALIZER).await?;
             return Ok(Action::await_change());
         }
-        // The last Metal3Data's disappearance is not an event here (shared watches report no
-        // deletions), so poll until it is gone.
-        return Ok(Action::requeue(Duration::from_secs(2)));
+        // Shared watches report no deletions: the last Metal3Data's comes through
+        // `after_data_removal`.
+        return Ok(Action::await_change());
     }
     Ok(if pass.retry {
         Action::requeue(RETRY)
@@ -230,6 +229,65 @@ fn template_paused(template: &Metal3DataTemplate, ctx: &Context, namespace: &str
     let cluster = objects::cluster_name(Some(&template.spec.cluster_name), template.meta());
     objects::is_paused(template.meta())
         || cluster.is_some_and(|cluster| ctx.cluster_paused(namespace, cluster))
+}
+
+/// The templates of `cluster`'s namespace that belong to it (as [`template_paused`] finds their
+/// Cluster), when it pauses none: a Cluster's unpause is no change of its templates. A Cluster
+/// that pauses them gives them nothing to do, nor does it to one paused by its own annotation.
+pub fn unpaused_by(
+    templates: &Store<Metal3DataTemplate>,
+    cluster: &Cluster,
+) -> Vec<ObjectRef<Metal3DataTemplate>> {
+    let (Some(namespace), Some(name)) = (
+        cluster.meta().namespace.as_deref(),
+        cluster.meta().name.as_deref(),
+    ) else {
+        return Vec::new();
+    };
+    if objects::cluster_is_paused(cluster) {
+        return Vec::new();
+    }
+    templates
+        .state()
+        .into_iter()
+        .filter(|t| {
+            t.meta().namespace.as_deref() == Some(namespace)
+                && !objects::is_paused(t.meta())
+                && objects::cluster_name(Some(&t.spec.cluster_name), t.meta()) == Some(name)
+        })
+        .map(|t| ObjectRef::from_obj(&*t))
+        .collect()
+}
+
+/// The templates a Metal3Data's removal may concern, since a removal names no object: the
+/// deleting ones (they wait for their last Metal3Data), and those with a live claim bound to a
+/// Metal3Data no longer cached (they make it again).
+pub fn after_data_removal(ctx: &Context) -> Vec<ObjectRef<Metal3DataTemplate>> {
+    let deleting = ctx
+        .data_templates
+        .state()
+        .into_iter()
+        .filter(|t| t.meta().deletion_timestamp.is_some())
+        .map(|t| ObjectRef::from_obj(&*t));
+    let bound_to_missing = |claim: &Metal3DataClaim| {
+        let data = claim
+            .status
+            .as_ref()?
+            .rendered_data
+            .as_ref()?
+            .name
+            .as_deref()?;
+        let data = ObjectRef::new(data).within(claim.meta().namespace.as_deref()?);
+        ctx.datas.get(&data).is_none().then_some(())
+    };
+    let stranded = ctx
+        .data_claims
+        .state()
+        .into_iter()
+        .filter(|c| c.meta().deletion_timestamp.is_none() && bound_to_missing(c).is_some())
+        .filter_map(|c| super::data::template_of(&c.spec.template, c.meta().namespace.as_deref()))
+        .filter(|t| ctx.data_templates.get(t).is_some());
+    deleting.chain(stranded).collect()
 }
 
 /// The index a claim was bound to before its Metal3Data existed (crash or race recovery).
@@ -448,7 +506,7 @@ pub async fn reconcile_claim(
         )),
         _ if ctx
             .data_templates
-            .get(&kube::runtime::reflector::ObjectRef::new(&template).within(&namespace))
+            .get(&ObjectRef::new(&template).within(&namespace))
             .is_none() =>
         {
             Some(format!("Metal3DataTemplate {template} not found"))

@@ -206,6 +206,8 @@ pub(crate) struct Caches {
     pub(crate) pools_removed: Removals,
     /// Metal3DataTemplates that left theirs.
     pub(crate) templates_removed: Removals,
+    /// Metal3Data that left theirs.
+    pub(crate) datas_removed: Removals,
     pub(crate) data_templates: Shared<Metal3DataTemplate>,
     pub(crate) datas: Shared<Metal3Data>,
     pub(crate) data_claims: Shared<Metal3DataClaim>,
@@ -225,6 +227,7 @@ impl Caches {
             );
         }
         let (pools_removed, templates_removed) = (Removals::new(), Removals::new());
+        let datas_removed = Removals::new();
         Self {
             // New claims are served before 100,000 claims are listed (`ipam::engine`).
             claims: Watched::new(ClaimObject::of_capi).with_arrivals(),
@@ -240,7 +243,8 @@ impl Caches {
             pools_removed,
             data_templates: Shared::telling(&templates_removed),
             templates_removed,
-            datas: Shared::new(),
+            datas: Shared::telling(&datas_removed),
+            datas_removed,
             data_claims: Shared::new(),
             namespaces: Shared::new(),
         }
