@@ -95,7 +95,8 @@ impl Controllers {
             ),
             metal3: on.when(
                 groups.metal3_pools(),
-                pool_controller(&caches.ippools, caches, ctx),
+                pool_controller(&caches.ippools, caches, ctx)
+                    .and_then(|c| with_proxy_targets(c, caches, ctx)),
             ),
             orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, Some(orphan_claims)),
             orphan_ipclaims: on.when(groups.metal3_pools(), Some(orphan_ipclaims)),
@@ -248,6 +249,43 @@ fn proxied_for(ctx: &Context, claim: &ClaimObject) -> Option<PoolKey> {
     let owner = claim.meta.owners.iter().find(|o| &*o.kind == "IPClaim")?;
     let ipclaim = ctx.ipclaims.get(&claim.meta.namespace, &owner.name)?;
     AnyClaim::from(ipclaim).pool_key()
+}
+
+/// The Metal3 IPPools' controller, triggered too by the CAPI address pools they proxy to: a
+/// proxying pool reports its target's counts, and meets no pool (so `meeting` never names it).
+fn with_proxy_targets(
+    controller: Controller<IPPool>,
+    caches: &Caches,
+    ctx: &Arc<Context>,
+) -> Option<Controller<IPPool>> {
+    Some(
+        controller
+            .watches_shared_stream(caches.pools.subscribe()?, proxies_of(ctx))
+            .watches_shared_stream(caches.global_pools.subscribe()?, proxies_of(ctx)),
+    )
+}
+
+/// Maps a changed CAPI pool to the Metal3 IPPools whose `spec.poolRef` names it.
+fn proxies_of<X: PoolDialect>(
+    ctx: &Arc<Context>,
+) -> impl Fn(Arc<X>) -> Vec<ObjectRef<IPPool>> + Send + Sync + 'static {
+    let ctx = ctx.clone();
+    move |changed: Arc<X>| {
+        let key = changed.key();
+        ctx.ippools
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.spec.pool_ref.as_ref().is_some_and(|target| {
+                    target.api_group == crate::api::capi::GROUP
+                        && target.kind == key.kind.as_str()
+                        && target.name == key.name
+                        && (key.namespace.is_none() || key.namespace == p.meta().namespace)
+                })
+            })
+            .map(|p| ObjectRef::from_obj(&*p))
+            .collect()
+    }
 }
 
 /// Maps a changed pool (of any kind) to the pools in `store` whose addresses meet its own.

@@ -8,8 +8,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
+use bitpool::api::capi_pools::InClusterIPPool;
 use bitpool::api::metal3_ipam::{
-    IPPool, IPPoolSpec, Metal3IPAddress, Metal3IPAddressSpec, Metal3PoolRange,
+    IPClaim, IPPool, IPPoolSpec, Metal3IPAddress, Metal3IPAddressSpec, Metal3PoolRange,
 };
 use bitpool::runtime::WATCH_FILTER_LABEL;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -330,4 +331,220 @@ spec:
     assert!(
         String::from_utf8_lossy(&missing.stderr).contains("cannot read /nonexistent/file.yaml")
     );
+}
+
+/// Waits until `read` of the pool's conditions says `AddressesOverlap` is `wanted` (present
+/// and True, or absent).
+async fn wait_overlap<F, Fut>(what: &str, wanted: bool, read: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<
+            Output = Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+        >,
+{
+    eventually(what, Duration::from_secs(60), || async {
+        let conditions = read().await?;
+        let overlap = conditions
+            .iter()
+            .any(|c| c.type_ == "AddressesOverlap" && c.status == "True");
+        (overlap == wanted).then_some(())
+    })
+    .await
+}
+
+/// The seed's migration, exactly: a Metal3 IPPool of three subnets (one with DNS servers of
+/// its own) served by bitpool, migrated with `bitpool migrate --apply` and switched to proxy to
+/// the new InClusterIPPool. Through the proxy, every IPAddress carries the prefix, gateway and
+/// DNS servers the Metal3 pool gives its subnet; IPClaims made together are served in the order
+/// they were made; the proxying pool's counts follow what it holds and what its target has
+/// left; and neither pool says its addresses overlap once the proxy serves.
+#[tokio::test]
+async fn through_the_proxy_addresses_counts_and_order_are_as_the_metal3_pool_had_them() {
+    let env = support::Env::new("migrate-proxy").await;
+    let name = env.name().to_string();
+    let _bitpool = Bitpool::start(&name, &[]);
+    let mut entries = vec![
+        range("10.41.0.10", "10.41.0.40"),
+        range("10.41.1.10", "10.41.1.40"),
+        range("10.41.2.10", "10.41.2.40"),
+    ];
+    entries[1].gateway = Some("10.41.1.1".into());
+    entries[2].gateway = Some("10.41.2.1".into());
+    entries[2].prefix = Some(25);
+    entries[2].dns_servers = vec!["10.41.2.53".into()];
+    let spec = IPPoolSpec {
+        name_prefix: "test1-racks".into(),
+        pools: entries,
+        prefix: Some(24),
+        gateway: Some("10.41.0.1".into()),
+        dns_servers: vec!["10.41.0.53".into()],
+        pre_allocations: BTreeMap::from([
+            ("late-rack1".into(), "10.41.1.20".into()),
+            ("late-rack2".into(), "10.41.2.20".into()),
+        ]),
+        ..Default::default()
+    };
+    support::build::metal3_pool(&env, "racks", spec).await;
+    let ipclaims: Api<IPClaim> = env.api();
+    let mirror_of = |claim: &'static str| {
+        let (ipclaims, addresses) = (ipclaims.clone(), env.api::<Metal3IPAddress>());
+        async move {
+            eventually(
+                &format!("IPClaim {claim} served"),
+                Duration::from_secs(60),
+                || async {
+                    let claim = ipclaims.get_opt(claim).await.ok()??;
+                    let address = claim.status?.address?.name?;
+                    addresses.get_opt(&address).await.ok()?
+                },
+            )
+            .await
+        }
+    };
+    for claim in ["early-0", "early-1", "early-2"] {
+        support::build::ipclaim(&env, claim, "racks").await;
+    }
+    let mut before = Vec::new();
+    for claim in ["early-0", "early-1", "early-2"] {
+        before.push(mirror_of(claim).await);
+    }
+    assert_eq!(before[0].spec.dns_servers, ["10.41.0.53"]);
+
+    // The new pool; until the Metal3 pool proxies, both really hand out these addresses.
+    let applied = bitpool_cli(&["migrate", "--namespace", &name, "--apply"]);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let pools: Api<InClusterIPPool> = env.api();
+    pools
+        .patch(
+            "racks",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {WATCH_FILTER_LABEL: &name}}})),
+        )
+        .await
+        .expect("label the new pool");
+    let metal3_conditions = || async {
+        Some(
+            env.api::<IPPool>()
+                .get("racks")
+                .await
+                .ok()?
+                .status?
+                .conditions,
+        )
+    };
+    let capi_conditions = || async { Some(pools.get("racks").await.ok()?.status?.conditions) };
+    wait_overlap("the pools overlap before the switch", true, capi_conditions).await;
+    wait_overlap("the Metal3 pool says so too", true, metal3_conditions).await;
+    env.api::<IPPool>()
+        .patch(
+            "racks",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"poolRef": {
+                "apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "racks",
+            }}})),
+        )
+        .await
+        .expect("point the Metal3 pool at the new pool");
+    wait_overlap(
+        "the proxy and its target do not overlap",
+        false,
+        capi_conditions,
+    )
+    .await;
+    wait_overlap("nor does the proxy say so", false, metal3_conditions).await;
+
+    // Addresses of racks 1 and 2 made through the proxy: each its subnet's prefix, gateway and
+    // DNS servers, as the Metal3 pool gave them (rack 1 has the pool's own servers).
+    for claim in ["late-rack1", "late-rack2"] {
+        support::build::ipclaim(&env, claim, "racks").await;
+    }
+    let rack1 = mirror_of("late-rack1").await.spec;
+    let rack2 = mirror_of("late-rack2").await.spec;
+    let lease = |a: &Metal3IPAddressSpec| {
+        (
+            a.address.clone(),
+            a.prefix,
+            a.gateway.clone(),
+            a.dns_servers.clone(),
+        )
+    };
+    assert_eq!(
+        lease(&rack1),
+        (
+            "10.41.1.20".into(),
+            Some(24),
+            Some("10.41.1.1".into()),
+            vec!["10.41.0.53".into()]
+        )
+    );
+    assert_eq!(
+        lease(&rack2),
+        (
+            "10.41.2.20".into(),
+            Some(25),
+            Some("10.41.2.1".into()),
+            vec!["10.41.2.53".into()]
+        )
+    );
+    for (claim, was) in ["early-0", "early-1", "early-2"].into_iter().zip(&before) {
+        assert_eq!(
+            mirror_of(claim).await.spec,
+            was.spec,
+            "{claim} kept its IPAddress"
+        );
+    }
+
+    // Ten IPClaims made one after another, at once: served in that order, lowest first.
+    for i in 0..10 {
+        support::build::ipclaim(&env, &format!("burst-{i}"), "racks").await;
+    }
+    let burst = [
+        "burst-0", "burst-1", "burst-2", "burst-3", "burst-4", "burst-5", "burst-6", "burst-7",
+        "burst-8", "burst-9",
+    ];
+    for (i, claim) in burst.into_iter().enumerate() {
+        let got = mirror_of(claim).await.spec.address;
+        assert_eq!(
+            got,
+            format!("10.41.0.{}", 13 + i),
+            "{claim}, made {i}th of the burst"
+        );
+    }
+
+    // The proxying pool counts what it holds, and what its target has left.
+    let held_counts = |held: i64| {
+        let (ippools, pools) = (env.api::<IPPool>(), pools.clone());
+        async move {
+            eventually(
+                &format!("the proxying pool counts {held} held"),
+                Duration::from_secs(60),
+                || async {
+                    let status = ippools.get("racks").await.ok()?.status?;
+                    let target = pools.get("racks").await.ok()?.status?.ip_addresses?;
+                    let counts = (
+                        status.used_ip_count?,
+                        status.capacity?,
+                        status.available_ip_count?,
+                    );
+                    (counts == (held, target.total, target.free) && target.used == held)
+                        .then_some(counts)
+                },
+            )
+            .await
+        }
+    };
+    let (_, capacity, available) = held_counts(15).await;
+    assert_eq!(capacity, 31 * 3, "the target's three ranges");
+    assert_eq!(available, capacity - 15, "less what is held");
+    for claim in ["burst-8", "burst-9"] {
+        ipclaims
+            .delete(claim, &Default::default())
+            .await
+            .expect("delete an IPClaim");
+    }
+    held_counts(13).await;
 }

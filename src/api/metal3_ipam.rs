@@ -88,6 +88,14 @@ pub struct IPPoolSpec {
     pub pool_ref: Option<super::capi::IPPoolReference>,
 }
 
+impl IPPool {
+    /// Whether the pool serves its claims from another pool (`spec.poolRef`, the migration
+    /// proxy) rather than from its own ranges.
+    pub fn proxies(&self) -> bool {
+        self.spec.pool_ref.is_some()
+    }
+}
+
 fn allocation_strategy_with_default(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut schema = generator.subschema_for::<AllocationStrategy>();
     schema.insert("default".into(), "sequential".into());

@@ -20,6 +20,7 @@ use super::dialect::{
 };
 use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
+use super::overlaps::Covered;
 use super::spec;
 use crate::alloc::{self, AddressSpace, Counts, Lease};
 use crate::api::capi::Cluster;
@@ -99,6 +100,15 @@ impl PoolDialect for IPPool {
 
     fn space(&self) -> Result<AddressSpace, String> {
         AddressSpace::metal3(&spec::metal3_pool(&self.spec)).map_err(|e| e.to_string())
+    }
+
+    /// A pool that proxies hands out its target's addresses, none of its own: it meets no
+    /// pool, least of all its target (one address space by design).
+    fn covered(&self) -> Option<Covered> {
+        match self.proxies() {
+            true => None,
+            false => self.space().ok().map(|space| Covered::of_space(&space)),
+        }
     }
 
     fn paused_by_cluster(&self, ctx: &Context) -> bool {

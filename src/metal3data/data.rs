@@ -17,7 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use crate::api::capi::{self, IPAddressClaim, IPAddressClaimSpec, IPPoolReference, Machine};
+use crate::api::capi::{IPAddressClaim, IPAddressClaimSpec, IPPoolReference, Machine};
 use crate::api::labels;
 use crate::api::metal3_data::{
     DATA_FINALIZER, DATA_NAME_LABEL, Metal3Data, Metal3DataClaim, Metal3DataTemplate,
@@ -704,36 +704,12 @@ fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -
         address: address.address.to_string(),
         prefix: address.prefix.unwrap_or(0),
         gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
-        dns_servers: capi_pool_dns(ctx, reference, namespace, &address.address),
+        // The CAPI contract carries no DNS; bitpool's own pools may list servers per subnet.
+        dns_servers: ctx
+            .address_pool(&reference.api_group, &reference.kind, pool, namespace)
+            .map(|p| p.dns_servers_for(&address.address))
+            .unwrap_or_default(),
     })
-}
-
-/// The CAPI contract carries no DNS; bitpool's own pools may list servers in `dnsServers`, per
-/// subnet.
-fn capi_pool_dns(
-    ctx: &Context,
-    reference: &PoolReference,
-    namespace: &str,
-    address: &str,
-) -> Vec<String> {
-    if reference.api_group != capi::GROUP {
-        return vec![];
-    }
-    let dns =
-        |spec: &crate::api::capi_pools::InClusterIPPoolSpec| spec.dns_servers_for(address).to_vec();
-    match reference.kind.as_str() {
-        "InClusterIPPool" => ctx
-            .pools
-            .get(&ObjectRef::new(&reference.name).within(namespace))
-            .map(|p| dns(&p.spec))
-            .unwrap_or_default(),
-        "GlobalInClusterIPPool" => ctx
-            .global_pools
-            .get(&ObjectRef::new(&reference.name))
-            .map(|p| dns(&p.spec.pool))
-            .unwrap_or_default(),
-        _ => vec![],
-    }
 }
 
 /// Deletion: once the Metal3DataClaim is gone (or going), every IP claim of this Metal3Data is

@@ -15,7 +15,8 @@ use super::error::{self, Error};
 use super::index::Index;
 use crate::api::capi::Cluster;
 use crate::api::capi_pools::{
-    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
+    GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterIPPoolSpec,
+    InClusterIPPoolStatus, InClusterPrefixPool,
 };
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::IPPool;
@@ -138,7 +139,52 @@ impl AsRef<Context> for Context {
     }
 }
 
+/// An address pool of a kind bitpool serves under Cluster API's group (`InClusterIPPool`,
+/// `GlobalInClusterIPPool`), as the cache holds it, whoever serves it.
+pub struct CachedAddressPool {
+    pub spec: InClusterIPPoolSpec,
+    pub status: Option<InClusterIPPoolStatus>,
+}
+
+impl CachedAddressPool {
+    /// The DNS servers the pool gives `address` (the CAPI contract carries none): its subnet's,
+    /// else the pool's own.
+    pub fn dns_servers_for(&self, address: &str) -> Vec<String> {
+        self.spec.dns_servers_for(address).to_vec()
+    }
+}
+
 impl Context {
+    /// The address pool `api_group`/`kind` `name` (a namespaced one in `namespace`), when it is
+    /// of a kind in [`CachedAddressPool`] and cached.
+    pub fn address_pool(
+        &self,
+        api_group: &str,
+        kind: &str,
+        name: &str,
+        namespace: &str,
+    ) -> Option<CachedAddressPool> {
+        use crate::api::capi::GROUP;
+        match (api_group == GROUP, kind) {
+            (true, "InClusterIPPool") => self
+                .pools
+                .get(&ObjectRef::new(name).within(namespace))
+                .map(|p| CachedAddressPool {
+                    spec: p.spec.clone(),
+                    status: p.status.clone(),
+                }),
+            (true, "GlobalInClusterIPPool") => {
+                self.global_pools
+                    .get(&ObjectRef::new(name))
+                    .map(|p| CachedAddressPool {
+                        spec: p.spec.pool.clone(),
+                        status: p.status.clone(),
+                    })
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the Cluster `name` of `namespace` is known and paused.
     pub fn cluster_paused(&self, namespace: &str, name: &str) -> bool {
         self.clusters.as_ref().is_some_and(|clusters| {

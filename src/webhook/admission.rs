@@ -405,7 +405,7 @@ impl Webhooks {
                 problems.extend(rules::shrink(&held, old_layout.as_ref(), &layout));
             }
         }
-        if self.refuse_overlap {
+        if self.refuse_overlap && !new.proxies() {
             let others = self
                 .other_layouts(kind, namespace.as_deref(), &request.name)
                 .await?;
@@ -613,7 +613,8 @@ impl Webhooks {
                 rules::capi_pool(&p.spec.pool),
             )
         });
-        let ippools = ippools.into_iter().map(|p| {
+        // A pool that proxies hands out its target's addresses, none of its own.
+        let ippools = ippools.into_iter().filter(|p| !p.proxies()).map(|p| {
             (
                 PoolKind::Metal3IPPool,
                 p.namespace(),

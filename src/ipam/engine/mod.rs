@@ -22,6 +22,7 @@ mod plan;
 mod read;
 mod report;
 
+pub(crate) use read::age;
 pub use report::covered_pools;
 
 use std::collections::{BTreeMap, HashMap};

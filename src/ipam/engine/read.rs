@@ -246,7 +246,7 @@ pub(super) struct Selected {
 /// address, that is its creation order, as upstream's single worker sees it; kind, namespace
 /// and name break the remaining ties (a version that is not a number sorts after the rest).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) struct Age {
+pub(crate) struct Age {
     created: Option<k8s_openapi::jiff::Timestamp>,
     unordered: bool,
     recorded: u64,
@@ -257,7 +257,7 @@ pub(super) struct Age {
 
 /// Claims are served oldest first. Sort with `sort_by_cached_key`: a pool's every claim is
 /// sorted on each reconcile, and the key parses a number.
-pub(super) fn age(claim: &AnyClaim) -> Age {
+pub(crate) fn age(claim: &AnyClaim) -> Age {
     let recorded = claim.meta.resource_version.parse::<u64>().ok();
     Age {
         created: claim.meta.created.as_ref().map(|t| t.0),
