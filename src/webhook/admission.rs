@@ -28,6 +28,7 @@ use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::ledger::{Ledger, LedgerRef, Loaded};
 use crate::ipam::moving;
 use crate::ipam::tenancy::{self, Reach, Tenancy};
+use crate::runtime::context::CachedAddressPool;
 
 /// How many address objects of each kind are read to name the claims of a recorded pool's
 /// allocated addresses: a bound on the cost of a pool update or delete, whatever the pool's size.
@@ -761,17 +762,19 @@ impl Webhooks {
     /// `namespaceSelector`); a pool that does not exist, or whose selector is invalid, is judged
     /// by the engine (which says so on the claim).
     async fn namespace_selected(&self, key: &PoolKey, namespace: &str) -> Verdict {
-        let client = self.client.clone();
+        let (client, what) = (self.client.clone(), key.describe());
         let selector = match key.kind {
             PoolKind::GlobalInClusterIPPool => get(
                 &Api::<GlobalInClusterIPPool>::all(client.clone()),
                 &key.name,
+                &what,
             )
             .await?
             .map(|p| p.spec.namespace_selector),
             _ => get(
                 &Api::<GlobalInClusterPrefixPool>::all(client.clone()),
                 &key.name,
+                &what,
             )
             .await?
             .map(|p| p.spec.namespace_selector),
@@ -783,7 +786,7 @@ impl Webhooks {
             return Ok(Vec::new());
         }
         // A namespace not found has no labels.
-        let found = get(&Api::<Namespace>::all(client), namespace)
+        let found = get(&Api::<Namespace>::all(client), namespace, "namespace")
             .await?
             .unwrap_or_default();
         Ok(rules::claim_namespace(
@@ -799,23 +802,37 @@ impl Webhooks {
         &self,
         key: &PoolKey,
     ) -> Result<Option<(Layout, Numbering)>, AdmissionError> {
-        let client = self.client.clone();
+        let (client, what) = (self.client.clone(), key.describe());
         let spec = match &key.namespace {
             Some(ns) => get(
                 &Api::<InClusterPrefixPool>::namespaced(client, ns),
                 &key.name,
+                &what,
             )
             .await?
             .map(|p| p.spec),
-            None => get(&Api::<GlobalInClusterPrefixPool>::all(client), &key.name)
-                .await?
-                .map(|p| p.spec.pool),
+            None => get(
+                &Api::<GlobalInClusterPrefixPool>::all(client),
+                &key.name,
+                &what,
+            )
+            .await?
+            .map(|p| p.spec.pool),
         };
         Ok(spec.and_then(|s| rules::prefix_pool(&s).ok()))
     }
 
     /// The layout of a bitpool pool, if it exists and is valid.
     async fn pool_layout(&self, key: &PoolKey) -> Result<Option<Layout>, AdmissionError> {
+        Ok(self.address_pool(key).await?.and_then(|p| p.layout()))
+    }
+
+    /// The address pool `key` (an `InClusterIPPool`, `GlobalInClusterIPPool` or Metal3
+    /// `IPPool`), read from the API server; `None` when it does not exist (or names no pool).
+    pub(super) async fn address_pool(
+        &self,
+        key: &PoolKey,
+    ) -> Result<Option<AddressPool>, AdmissionError> {
         if key.name.is_empty() {
             return Ok(None);
         }
@@ -823,22 +840,59 @@ impl Webhooks {
             self.client.clone(),
             key.namespace.as_deref().unwrap_or_default(),
         );
+        let what = key.describe();
         Ok(match key.kind {
-            PoolKind::InClusterIPPool => get(
-                &Api::<InClusterIPPool>::namespaced(client, namespace),
+            PoolKind::InClusterIPPool => {
+                let api = Api::<InClusterIPPool>::namespaced(client, namespace);
+                get(&api, &key.name, &what).await?.map(|p| {
+                    AddressPool::Capi(Box::new(CachedAddressPool {
+                        spec: p.spec,
+                        status: p.status,
+                    }))
+                })
+            }
+            PoolKind::GlobalInClusterIPPool => {
+                let api = Api::<GlobalInClusterIPPool>::all(client);
+                get(&api, &key.name, &what).await?.map(|p| {
+                    AddressPool::Capi(Box::new(CachedAddressPool {
+                        spec: p.spec.pool,
+                        status: p.status,
+                    }))
+                })
+            }
+            _ => get(
+                &Api::<IPPool>::namespaced(client, namespace),
                 &key.name,
+                &what,
             )
             .await?
-            .and_then(|p| rules::capi_pool(&p.spec).ok()),
-            PoolKind::GlobalInClusterIPPool => {
-                get(&Api::<GlobalInClusterIPPool>::all(client), &key.name)
-                    .await?
-                    .and_then(|p| rules::capi_pool(&p.spec.pool).ok())
-            }
-            _ => get(&Api::<IPPool>::namespaced(client, namespace), &key.name)
-                .await?
-                .and_then(|p| rules::metal3_pool(&p.spec).ok()),
+            .map(|p| AddressPool::Metal3(Box::new(p))),
         })
+    }
+}
+
+/// An address pool as admission reads it, of any kind bitpool serves.
+pub(super) enum AddressPool {
+    /// An `InClusterIPPool` or `GlobalInClusterIPPool`.
+    Capi(Box<CachedAddressPool>),
+    Metal3(Box<IPPool>),
+}
+
+impl AddressPool {
+    /// Its layout, if its spec is valid.
+    fn layout(&self) -> Option<Layout> {
+        match self {
+            AddressPool::Capi(pool) => rules::capi_pool(&pool.spec).ok(),
+            AddressPool::Metal3(pool) => rules::metal3_pool(&pool.spec).ok(),
+        }
+    }
+
+    /// How many addresses it has free, by its status (`None` before a provider wrote one).
+    pub(super) fn free(&self) -> Option<i64> {
+        match self {
+            AddressPool::Capi(pool) => pool.status.as_ref()?.ip_addresses.as_ref().map(|c| c.free),
+            AddressPool::Metal3(pool) => pool.status.as_ref()?.available_ip_count,
+        }
     }
 }
 
@@ -859,14 +913,19 @@ fn data_template(request: &AdmissionRequest<DynamicObject>) -> Verdict {
         .unwrap_or_default())
 }
 
-async fn get<K>(api: &Api<K>, name: &str) -> Result<Option<K>, AdmissionError>
+/// `name`, or `None` when it does not exist; `what` names it in the error.
+pub(super) async fn get<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+) -> Result<Option<K>, AdmissionError>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
     api.get_opt(name)
         .await
         .map_err(|source| AdmissionError::Read {
-            what: format!("pool {name}"),
+            what: what.to_string(),
             source,
         })
 }

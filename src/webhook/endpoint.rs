@@ -15,15 +15,12 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::Webhooks;
-use super::admission::AdmissionError;
+use super::admission::{AdmissionError, get};
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim, READY_CONDITION};
-use crate::api::capi_pools::{GlobalInClusterIPPool, InClusterIPPool};
-use crate::api::metal3_ipam::IPPool;
 use crate::crds::FIELD_MANAGER;
 use crate::endpoint::reference::{
     self, ClaimFor, DEFAULT_PORT, EndpointPool, FIELD, POOL_ANNOTATION,
 };
-use crate::ipam::key::PoolKind;
 use crate::runtime::WATCH_FILTER_LABEL;
 
 /// How long the mutating webhook waits for the endpoint claim's address. The shipped webhook
@@ -175,10 +172,8 @@ impl Webhooks {
     ) -> Result<Option<IPAddressClaim>, AdmissionError> {
         let claim_name = reference::claim_name(cluster);
         let claims: Api<IPAddressClaim> = Api::namespaced(self.client.clone(), namespace);
-        claims
-            .get_opt(&claim_name)
-            .await
-            .map_err(|e| read_error(format!("IPAddressClaim {namespace}/{claim_name}"), e))
+        let what = format!("IPAddressClaim {namespace}/{claim_name}");
+        get(&claims, &claim_name, &what).await
     }
 
     /// The address of `cluster`'s endpoint claim (`existing`, or made here if missing — not on
@@ -286,43 +281,27 @@ impl Webhooks {
         namespace: &str,
         pool: &EndpointPool,
     ) -> Result<Option<PoolProblem>, AdmissionError> {
-        let free = match pool.kind {
-            PoolKind::InClusterIPPool => {
-                let api: Api<InClusterIPPool> = Api::namespaced(self.client.clone(), namespace);
-                get_pool(&api, pool, namespace)
-                    .await?
-                    .map(|p| p.status.and_then(|s| s.ip_addresses).map(|c| c.free))
-            }
-            PoolKind::GlobalInClusterIPPool => {
-                let api: Api<GlobalInClusterIPPool> = Api::all(self.client.clone());
-                get_pool(&api, pool, namespace)
-                    .await?
-                    .map(|p| p.status.and_then(|s| s.ip_addresses).map(|c| c.free))
-            }
-            PoolKind::Metal3IPPool => {
-                let api: Api<IPPool> = Api::namespaced(self.client.clone(), namespace);
-                get_pool(&api, pool, namespace)
-                    .await?
-                    .map(|p| p.status.and_then(|s| s.available_ip_count))
-            }
-            // The annotation's parser admits address pool kinds alone.
-            _ => return Ok(None),
-        };
-        Ok(match free {
-            None if pool.kind.is_global() => Some(PoolProblem::Missing(format!(
-                "{} {} does not exist",
-                pool.kind, pool.name
-            ))),
-            None => Some(PoolProblem::Missing(format!(
-                "{} {} does not exist in namespace {namespace}",
-                pool.kind, pool.name
-            ))),
-            Some(Some(0)) => Some(PoolProblem::Exhausted(format!(
-                "{} {} has no free address (by its status)",
-                pool.kind, pool.name
-            ))),
-            Some(_) => None,
-        })
+        Ok(
+            match self
+                .address_pool(&pool.key(namespace))
+                .await?
+                .map(|p| p.free())
+            {
+                None if pool.kind.is_global() => Some(PoolProblem::Missing(format!(
+                    "{} {} does not exist",
+                    pool.kind, pool.name
+                ))),
+                None => Some(PoolProblem::Missing(format!(
+                    "{} {} does not exist in namespace {namespace}",
+                    pool.kind, pool.name
+                ))),
+                Some(Some(0)) => Some(PoolProblem::Exhausted(format!(
+                    "{} {} has no free address (by its status)",
+                    pool.kind, pool.name
+                ))),
+                Some(_) => None,
+            },
+        )
     }
 
     /// The validating webhook's problems with a Cluster: only when its annotation is set or
@@ -381,20 +360,6 @@ impl std::fmt::Display for PoolProblem {
             PoolProblem::Missing(m) | PoolProblem::Exhausted(m) => f.write_str(m),
         }
     }
-}
-
-/// The pool, or `None` when it does not exist.
-async fn get_pool<K>(
-    api: &Api<K>,
-    pool: &EndpointPool,
-    namespace: &str,
-) -> Result<Option<K>, AdmissionError>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.get_opt(&pool.name)
-        .await
-        .map_err(|e| read_error(format!("{} {} ({namespace})", pool.kind, pool.name), e))
 }
 
 fn read_error(what: String, source: kube::Error) -> AdmissionError {
