@@ -1042,3 +1042,165 @@ async fn a_template_paused_by_its_cluster_waits_without_polling_and_is_served_on
     let data = f.ready_data("m3m-0").await;
     assert_eq!(data.name_any(), "held-0");
 }
+
+/// Upstream's in-cluster provider serving the test namespace (webhooks, probes and metrics off).
+fn in_cluster_provider(ns: &str) -> support::stack::Manager {
+    let args: Vec<String> = [
+        "--namespace",
+        ns,
+        "--webhook-port=0",
+        "--health-probe-bind-address=0",
+        "--diagnostics-address=0",
+        "--insecure-diagnostics",
+    ]
+    .map(String::from)
+    .to_vec();
+    let kubeconfig = support::kubeconfig_path().as_path();
+    support::stack::Manager::start("in-cluster", ns, &args, &[("KUBECONFIG", kubeconfig)])
+}
+
+/// Metal3's ip-address-manager serving the test namespace (it always serves its webhooks:
+/// on a port of its own with a certificate made here, and nothing calls them).
+fn metal3_ipam(ns: &str) -> support::stack::Manager {
+    let certs = support::webhook::Certs::generate(&format!("{ns}-metal3-ipam"));
+    let args = vec![
+        "--namespace".to_string(),
+        ns.to_string(),
+        format!("--webhook-port={}", support::process::free_port()),
+        format!("--webhook-cert-dir={}", certs.dir.display()),
+        "--health-addr=0".into(),
+        "--diagnostics-address=0".into(),
+        "--insecure-diagnostics".into(),
+    ];
+    let kubeconfig = support::kubeconfig_path().as_path();
+    support::stack::Manager::start("metal3-ipam", ns, &args, &[("KUBECONFIG", kubeconfig)])
+}
+
+/// The Metal3Data of `template`'s claim, once its `status.errorMessage` satisfies `check`.
+async fn data_with_error(
+    fixture: &Fixture,
+    template: &str,
+    what: &str,
+    check: impl Fn(Option<&str>) -> bool,
+) -> Metal3Data {
+    let datas = fixture.env.api::<Metal3Data>();
+    eventually(
+        &format!("the Metal3Data of {template}: {what}"),
+        WAIT * 2,
+        || async {
+            let list = datas.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|d| {
+                d.spec.template.name.as_deref() == Some(template)
+                    && check(d.status.as_ref().and_then(|s| s.error_message.as_deref()))
+            })
+        },
+    )
+    .await
+}
+
+/// Beside other IPAM providers (upstream's in-cluster provider and Metal3's ip-address-manager
+/// as the IPAMs, bitpool with `--controllers metal3-data` alone): a template whose pool reference
+/// names a kind no provider serves, and one whose provider is not running yet, leave their
+/// Metal3Data saying so in `status.errorMessage` and an Event once the claim has had no answer
+/// for the stated time; the message goes when a provider answers, and the host is rendered.
+#[tokio::test]
+async fn a_pool_kind_no_provider_serves_is_reported_on_the_metal3_data() {
+    let fixture = Fixture::new("m3d-unanswered").await;
+    let ns = fixture.ns().to_string();
+    fixture.pools(json!({}), json!({})).await;
+    let capi_ref =
+        json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPool", "name": "capipool"});
+    let mistyped =
+        json!({"apiGroup": "ipam.cluster.x-k8s.io", "kind": "InClusterIPPol", "name": "vips"});
+    for (name, network) in [("workers", capi_ref), ("typo", mistyped)] {
+        fixture
+            .create::<Metal3DataTemplate>(json!({
+                "metadata": {"name": name, "namespace": &ns, "labels": fixture.labels()},
+                "spec": {
+                    "clusterName": CLUSTER,
+                    "networkData": {
+                        "links": {"ethernets": [{"type": "phy", "id": "enp1s0", "macAddress": {"fromHostInterface": "enp1s0"}}]},
+                        "networks": {"ipv4": [
+                            {"id": "prov", "link": "enp1s0", "ipAddressFromIPPool": "m3pool"},
+                            {"id": "capi", "link": "enp1s0", "fromPoolRef": network},
+                        ]},
+                    },
+                }
+            }))
+            .await;
+    }
+    let _metal3_ipam = metal3_ipam(&ns);
+    let _bitpool = Bitpool::start(&ns, &["--controllers", "metal3-data"]);
+    fixture.host("host-0", "00:00:00:00:00:01").await;
+    fixture.host("host-1", "00:00:00:00:00:02").await;
+    let uid = fixture.metal3_machine("m0", "host-0").await;
+    fixture.data_claim_on("m0", &uid, "workers").await;
+    let uid = fixture.metal3_machine("m1", "host-1").await;
+    fixture.data_claim_on("m1", &uid, "typo").await;
+
+    let unanswered = |claim: &'static str, serves: &'static str| {
+        move |error: Option<&str>| {
+            error.is_some_and(|e| {
+                e.contains("no IPAM provider has answered IPAddressClaim")
+                    && e.contains(claim)
+                    && e.contains(serves)
+                    && e.contains("60 s")
+            })
+        }
+    };
+    let waiting = data_with_error(
+        &fixture,
+        "workers",
+        "no provider has answered the claim on capipool",
+        unanswered(
+            "capipool",
+            "InClusterIPPool of API group ipam.cluster.x-k8s.io",
+        ),
+    )
+    .await;
+    let mistyped = data_with_error(
+        &fixture,
+        "typo",
+        "no provider serves the mistyped kind",
+        unanswered("vips", "InClusterIPPol of API group ipam.cluster.x-k8s.io"),
+    )
+    .await;
+    for data in [&waiting, &mistyped] {
+        support::wait::wait_event_about(&fixture.env, &data.name_any(), "ClaimUnanswered").await;
+        assert!(!data.status.as_ref().is_some_and(|s| s.ready));
+    }
+
+    // The provider of InClusterIPPools starts: it answers, the message goes, the host is rendered.
+    let _in_cluster = in_cluster_provider(&ns);
+    let ready = data_with_error(&fixture, "workers", "served and cleared", |e| e.is_none()).await;
+    let ready = eventually("the workers' Metal3Data ready", WAIT, || async {
+        let data = fixture
+            .env
+            .api::<Metal3Data>()
+            .get(&ready.name_any())
+            .await
+            .ok()?;
+        data.status
+            .as_ref()
+            .is_some_and(|s| s.ready)
+            .then_some(data)
+    })
+    .await;
+    let network = fixture.secret_text("m0-networkdata", "networkData").await;
+    let address = fixture
+        .capi_address(&format!("{}-capipool", ready.name_any()))
+        .await;
+    assert!(
+        network.contains(&format!("ip_address: {address}")),
+        "{network}"
+    );
+    // The mistyped reference is still unanswered, and still said.
+    let still = data_with_error(
+        &fixture,
+        "typo",
+        "still unanswered",
+        unanswered("vips", "InClusterIPPol"),
+    )
+    .await;
+    assert_eq!(still.name_any(), mistyped.name_any());
+}

@@ -17,6 +17,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use super::unanswered::unanswered;
 use crate::api::capi::{IPAddressClaim, IPAddressClaimSpec, IPPoolReference, Machine};
 use crate::api::labels;
 use crate::api::metal3_data::{
@@ -28,6 +29,7 @@ use crate::api::metal3_hosts::{
     metal3_machine_resource,
 };
 use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
+use crate::ops::events::Reason;
 use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
 use crate::runtime::Context;
 use crate::runtime::cached::{ClaimObject, Meta, Uid};
@@ -307,6 +309,11 @@ async fn collect_addresses(
             }
             ClaimState::Waiting(why) => waiting.push(why),
             ClaimState::Failed(why) => failed.push(why),
+            ClaimState::Unanswered(why) => {
+                let regarding = data.object_ref(&());
+                (ctx.ops.events).publish(regarding, Reason::ClaimUnanswered, why.clone());
+                failed.push(why);
+            }
         }
     }
     if !failed.is_empty() {
@@ -469,6 +476,8 @@ enum ClaimState {
     Address(PoolAddress),
     Waiting(String),
     Failed(String),
+    /// No IPAM provider has answered the claim ([`unanswered`]): failed, and told in an Event.
+    Unanswered(String),
 }
 
 fn owned_by(meta: &ObjectMeta, data: &Metal3Data) -> bool {
@@ -663,7 +672,7 @@ fn metal3_address(ctx: &Context, claim: &ClaimObject, pool: &str) -> ClaimState 
         return ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"));
     }
     let Some(address_name) = &claim.address else {
-        return ClaimState::Waiting(format!("waiting for an address from pool {pool}"));
+        return waiting_for_an_address(claim, pool);
     };
     match ctx
         .metal3_addresses
@@ -693,7 +702,7 @@ fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -
             Some(message) => {
                 ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"))
             }
-            None => ClaimState::Waiting(format!("waiting for an address from pool {pool}")),
+            None => waiting_for_an_address(claim, pool),
         };
     };
     let namespace = &claim.meta.namespace;
@@ -710,6 +719,15 @@ fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -
             .map(|p| p.dns_servers_for(&address.address))
             .unwrap_or_default(),
     })
+}
+
+/// A claim without an address or a refusal: waiting, unless no provider has answered it for
+/// longer than a provider takes.
+fn waiting_for_an_address(claim: &ClaimObject, pool: &str) -> ClaimState {
+    match unanswered(claim, pool, objects::now().0) {
+        Some(why) => ClaimState::Unanswered(why),
+        None => ClaimState::Waiting(format!("waiting for an address from pool {pool}")),
+    }
 }
 
 /// Deletion: once the Metal3DataClaim is gone (or going), every IP claim of this Metal3Data is

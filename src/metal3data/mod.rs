@@ -3,12 +3,14 @@
 //! - [`template`]: Metal3DataTemplate — each Metal3DataClaim gets the lowest free index and its
 //!   Metal3Data;
 //! - [`data`]: Metal3Data — an IP claim of the right kind per referenced pool, the rendered
-//!   metaData and networkData secrets ([`crate::render`]), released on deletion.
+//!   metaData and networkData secrets ([`crate::render`]), released on deletion;
+//! - [`unanswered`]: IP claims no IPAM provider answers, reported on their Metal3Data.
 //!
 //! The controllers below run in [`crate::manager::run`], on the shared watch caches.
 
 pub mod data;
 pub mod template;
+pub mod unanswered;
 
 use std::sync::Arc;
 

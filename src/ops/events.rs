@@ -46,6 +46,8 @@ pub enum Reason {
     ControlPlaneEndpointPending,
     /// A Cluster's endpoint pool annotation names no address pool.
     InvalidEndpointPool,
+    /// A Metal3Data's IP claim has had no answer from any IPAM provider.
+    ClaimUnanswered,
 }
 
 impl Reason {
@@ -62,6 +64,7 @@ impl Reason {
             Reason::ControlPlaneEndpointSet => "ControlPlaneEndpointSet",
             Reason::ControlPlaneEndpointPending => "ControlPlaneEndpointPending",
             Reason::InvalidEndpointPool => "InvalidEndpointPool",
+            Reason::ClaimUnanswered => "ClaimUnanswered",
         }
     }
 
@@ -77,7 +80,8 @@ impl Reason {
             | Reason::ForeignAddress
             | Reason::NamespaceNotSelected
             | Reason::ControlPlaneEndpointPending
-            | Reason::InvalidEndpointPool => EventType::Warning,
+            | Reason::InvalidEndpointPool
+            | Reason::ClaimUnanswered => EventType::Warning,
         }
     }
 
@@ -87,7 +91,8 @@ impl Reason {
             | Reason::PoolExhausted
             | Reason::NamespaceNotSelected
             | Reason::ControlPlaneEndpointSet
-            | Reason::ControlPlaneEndpointPending => "Allocate",
+            | Reason::ControlPlaneEndpointPending
+            | Reason::ClaimUnanswered => "Allocate",
             Reason::AddressReleased => "Release",
             Reason::InvalidSpec
             | Reason::DuplicateAddress
