@@ -270,14 +270,7 @@ pub fn after_data_removal(ctx: &Context) -> Vec<ObjectRef<Metal3DataTemplate>> {
         .filter(|t| t.meta().deletion_timestamp.is_some())
         .map(|t| ObjectRef::from_obj(&*t));
     let bound_to_missing = |claim: &Metal3DataClaim| {
-        let data = claim
-            .status
-            .as_ref()?
-            .rendered_data
-            .as_ref()?
-            .name
-            .as_deref()?;
-        let data = ObjectRef::new(data).within(claim.meta().namespace.as_deref()?);
+        let data = super::data::data_of_claim(claim)?;
         ctx.datas.get(&data).is_none().then_some(())
     };
     let stranded = ctx
