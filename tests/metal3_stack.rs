@@ -70,9 +70,83 @@ fn host(i: usize) -> String {
     format!("node-{i}")
 }
 
-/// The provisioning address preallocated to host `i` (BMH-name preallocation).
+/// One rack of the Metal3 pool: its own subnet, gateway and DNS servers, as Metal3 users lay
+/// out pools of several L2 segments.
+struct Rack {
+    net: &'static str,
+    start: u8,
+    end: u8,
+    prefix: u8,
+    netmask: &'static str,
+    gateway: &'static str,
+    dns: &'static str,
+}
+
+/// The Metal3 pool's racks. The first takes the pool's own prefix, gateway and DNS servers; the
+/// others give their entry's, the third a /25.
+const RACKS: [Rack; 3] = [
+    Rack {
+        net: "192.168.111",
+        start: 100,
+        end: 199,
+        prefix: 24,
+        netmask: "255.255.255.0",
+        gateway: "192.168.111.1",
+        dns: "192.168.111.1",
+    },
+    Rack {
+        net: "192.168.112",
+        start: 100,
+        end: 199,
+        prefix: 24,
+        netmask: "255.255.255.0",
+        gateway: "192.168.112.1",
+        dns: "192.168.112.53",
+    },
+    Rack {
+        net: "192.168.113",
+        start: 130,
+        end: 250,
+        prefix: 25,
+        netmask: "255.255.255.128",
+        gateway: "192.168.113.129",
+        dns: "192.168.113.53",
+    },
+];
+
+/// The Metal3 pool's entries, one a rack (the first's prefix, gateway and DNS are the pool's).
+fn rack_entries() -> Value {
+    let entries: Vec<Value> = RACKS
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut entry = json!({
+                "start": format!("{}.{}", r.net, r.start), "end": format!("{}.{}", r.net, r.end),
+            });
+            if i > 0 {
+                entry["prefix"] = json!(r.prefix);
+                entry["gateway"] = json!(r.gateway);
+                entry["dnsServers"] = json!([r.dns]);
+            }
+            entry
+        })
+        .collect();
+    json!(entries)
+}
+
+/// The rack of a provisioning address.
+fn rack_of(address: &str) -> Option<&'static Rack> {
+    RACKS.iter().find(|r| {
+        address
+            .strip_prefix(r.net)
+            .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// The provisioning address preallocated to host `i` (BMH-name preallocation): hosts take the
+/// racks in turn.
 fn preallocated(i: usize) -> String {
-    format!("192.168.111.{}", 150 + i)
+    format!("{}.{}", RACKS[i % RACKS.len()].net, 150 + i)
 }
 
 /// Which mode bitpool runs in, and whether addresses follow hosts.
@@ -171,8 +245,8 @@ async fn create_cluster(stack: &Stack, mode: Mode, replicas: i64) {
             "metadata": {"name": METAL3_POOL},
             "spec": {
                 "clusterName": CLUSTER, "namePrefix": "fleet-prov",
-                "pools": [{"start": "192.168.111.100", "end": "192.168.111.199"}],
-                "prefix": 24, "gateway": "192.168.111.1", "dnsServers": ["192.168.111.1"],
+                "pools": rack_entries(),
+                "prefix": RACKS[0].prefix, "gateway": RACKS[0].gateway, "dnsServers": [RACKS[0].dns],
                 "preAllocations": if mode.bmh_name_preallocation { json!(pre_allocations) } else { json!({}) },
             },
         }),
@@ -401,12 +475,60 @@ fn machine_template(name: &str, image: &str, data: &str) -> Value {
     })
 }
 
-/// What a machine ended up with: its host, and the address its rendered networkData gives each
-/// network.
+/// What a machine ended up with: its host, the address its rendered networkData gives each
+/// network, and what goes with the provisioning address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Rendered {
     host: String,
     addresses: BTreeMap<String, String>,
+    provisioning: Lease,
+}
+
+/// The provisioning network's netmask and default gateway, and the DNS servers of the host, as
+/// CAPM3 rendered them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Lease {
+    netmask: String,
+    gateway: String,
+    dns: Vec<String>,
+}
+
+impl Lease {
+    /// What CAPM3 renders from `rack`: `dns` is the rack's for a template that takes DNS from
+    /// the Metal3 pool, the template's fixed one otherwise.
+    fn of(rack: &Rack, dns: Option<&str>) -> Self {
+        Lease {
+            netmask: rack.netmask.to_string(),
+            gateway: rack.gateway.to_string(),
+            dns: vec![dns.unwrap_or(rack.dns).to_string()],
+        }
+    }
+}
+
+/// The provisioning lease of a networkData document.
+fn provisioning_lease(network: &Value) -> Lease {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    let provisioning = network["networks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["id"] == "provisioning");
+    let dns = network["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["type"] == "dns")
+        .map(|s| text(&s["address"]))
+        .collect();
+    Lease {
+        netmask: provisioning
+            .map(|n| text(&n["netmask"]))
+            .unwrap_or_default(),
+        gateway: provisioning
+            .map(|n| text(&n["routes"][0]["gateway"]))
+            .unwrap_or_default(),
+        dns,
+    }
 }
 
 /// Reads what the host of Metal3Machine `m3m` was given, once it carries its rendered secrets.
@@ -444,7 +566,12 @@ async fn rendered(client: &Client, m3m: &str) -> Option<Rendered> {
             ))
         })
         .collect();
-    Some(Rendered { host, addresses })
+    let provisioning = provisioning_lease(&network);
+    Some(Rendered {
+        host,
+        addresses,
+        provisioning,
+    })
 }
 
 /// Waits until the MachineDeployment has `replicas` machines, all of `template`, each Running
@@ -503,12 +630,11 @@ fn assert_distinct(rendered: &BTreeMap<String, Rendered>) {
                 seen.insert(address.clone()),
                 "{address} twice: {rendered:?}"
             );
-            let prefix = if network == "provisioning" {
-                "192.168.111."
-            } else {
-                "10.0.0."
+            let right = match network.as_str() {
+                "provisioning" => rack_of(address).is_some(),
+                _ => address.starts_with("10.0.0."),
             };
-            assert!(address.starts_with(prefix), "{network}: {r:?}");
+            assert!(right, "{network}: {r:?}");
         }
     }
 }
@@ -1015,12 +1141,18 @@ fn bitpool_migrate(stack: &Stack) {
     }
 }
 
-/// The seed's migration, both ways, on a running cluster with BMH-name preallocation. Without a
-/// node roll: `bitpool migrate` imports the Metal3 pool's allocations into an InClusterIPPool
-/// and the Metal3 pool proxies to it (`spec.poolRef`) — every address stays, and a machine added
-/// then gets its host's address through the proxy. With a node roll: a new data template takes
-/// the provisioning addresses from the InClusterIPPool directly, and a MachineDeployment change
-/// rolls every machine onto it; the old claims, and the claims imported for them, go.
+/// How many IPClaims the Metal3 pool holds when it is migrated: the machines' and other
+/// consumers'.
+const MIGRATED_CLAIMS: usize = 50;
+
+/// The seed's migration, both ways, on a running cluster with BMH-name preallocation and a
+/// Metal3 pool of three racks. Without a node of its own rolled: `bitpool migrate` imports the
+/// pool's 50 allocations into an InClusterIPPool and the Metal3 pool proxies to it
+/// (`spec.poolRef`) while a MachineDeployment rolls — every host keeps what CAPM3 rendered for it,
+/// and a machine added then gets its host's address and lease through the proxy. With a node
+/// roll: a new data template takes the provisioning addresses from the InClusterIPPool directly,
+/// and a MachineDeployment change rolls every machine onto it; the old claims, and the claims
+/// imported for them, go.
 async fn migration(name: &str) {
     let mode = Mode {
         bitpool_renders: false,
@@ -1029,22 +1161,110 @@ async fn migration(name: &str) {
     let scenario = Scenario::start(name, mode).await;
     create_cluster(&scenario.stack, mode, 3).await;
     let deployed = scenario.settled(3, "workers-a").await;
-    scenario.step("3 machines deployed");
-    migrate_without_a_roll(&scenario, &deployed).await;
+    assert_leases(&deployed, None);
+    scenario.step("3 machines deployed, one on each rack");
+    let consumers = other_consumers(&scenario.client).await;
+    migrate_during_a_roll(&scenario, &deployed).await;
+    grow_through_the_proxy(&scenario).await;
+    release_through_the_proxy(&scenario, &consumers).await;
     roll_onto_the_migrated_pool(&scenario).await;
     scenario.finish().await;
 }
 
-/// `bitpool migrate` and the proxy: every machine keeps its addresses, and one added then gets
-/// its host's through the proxy.
-async fn migrate_without_a_roll(scenario: &Scenario, deployed: &BTreeMap<String, Rendered>) {
+/// Every provisioning lease is its rack's: netmask, gateway and DNS servers (`dns` for a
+/// template that names them itself).
+fn assert_leases(rendered: &BTreeMap<String, Rendered>, dns: Option<&str>) {
+    for r in rendered.values() {
+        let address = &r.addresses["provisioning"];
+        let rack = rack_of(address).unwrap_or_else(|| panic!("{address} of no rack: {r:?}"));
+        assert_eq!(r.provisioning, Lease::of(rack, dns), "{r:?}");
+    }
+}
+
+/// IPClaims beside the machines' (BMCs, switches, anything else the pool numbers), up to
+/// [`MIGRATED_CLAIMS`]; returns their names once each is served.
+async fn other_consumers(client: &Client) -> Vec<String> {
+    let machines = metal3_allocations(client).await.len();
+    let names: Vec<String> = (0..MIGRATED_CLAIMS - machines)
+        .map(|i| format!("consumer-{i:02}"))
+        .collect();
+    for name in &names {
+        create(
+            client,
+            json!({
+                "apiVersion": "ipam.metal3.io/v1alpha1", "kind": "IPClaim",
+                "metadata": {"name": name},
+                "spec": {"pool": {"name": METAL3_POOL, "namespace": NS}},
+            }),
+        )
+        .await;
+    }
+    eventually("the pool serves 50 claims", WAIT, || async {
+        (metal3_allocations(client).await.len() == MIGRATED_CLAIMS).then_some(())
+    })
+    .await;
+    names
+}
+
+/// Whether any of the two pools of the migration says its addresses overlap another's.
+async fn overlap_said(client: &Client) -> Option<bool> {
+    let mut said = false;
+    for (api_version, kind) in [
+        ("ipam.metal3.io/v1alpha1", "IPPool"),
+        (CAPI_POOLS, "InClusterIPPool"),
+    ] {
+        let pool = get(client, api_version, kind, METAL3_POOL).await?;
+        let conditions = pool.data["status"]["conditions"].as_array().cloned();
+        said |= conditions
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "AddressesOverlap" && c["status"] == "True");
+    }
+    Some(said)
+}
+
+/// Waits until the proxying pool counts exactly what its IPClaims hold, and its capacity and
+/// what is free are its target's.
+async fn counts_exact(client: &Client) {
+    eventually("the proxying pool's counts are exact", WAIT, || async {
+        let held = metal3_allocations(client).await.len() as i64;
+        let claims = list(client, "ipam.metal3.io/v1alpha1", "IPClaim")
+            .await
+            .len() as i64;
+        let pool = get(client, "ipam.metal3.io/v1alpha1", "IPPool", METAL3_POOL).await?;
+        let target = get(client, CAPI_POOLS, "InClusterIPPool", METAL3_POOL).await?;
+        let (status, counts) = (&pool.data["status"], &target.data["status"]["ipAddresses"]);
+        let exact = held == claims
+            && status["usedIPCount"].as_i64() == Some(held)
+            && counts["used"].as_i64() == Some(held)
+            && status["capacity"] == counts["total"]
+            && status["availableIPCount"] == counts["free"]
+            && status["indexes"].as_object().map(|i| i.len() as i64) == Some(held);
+        exact.then_some(())
+    })
+    .await;
+}
+
+/// `bitpool migrate` and the proxy while the MachineDeployment rolls onto a new machine
+/// template (the same data): every host that runs a machine before and after renders the same
+/// networkData, each new machine gets its host's address with its rack's lease, the counts are
+/// exact, and neither pool says they overlap once the proxy serves.
+async fn migrate_during_a_roll(scenario: &Scenario, deployed: &BTreeMap<String, Rendered>) {
     let client = &scenario.client;
-    let before = metal3_allocations(client).await;
-    assert_eq!(
-        before.len(),
-        4,
-        "three workers and the control plane: {before:?}"
-    );
+    let control_plane = rendered(client, "control-plane").await;
+    scenario.start_roll("workers-b", DATA_TEMPLATE).await;
+    eventually("the roll has begun", WAIT, || async {
+        let machines = list(client, V1BETA2, "Metal3Machine").await;
+        machines
+            .iter()
+            .any(|m| {
+                m.annotations()
+                    .get("cluster.x-k8s.io/cloned-from-name")
+                    .is_some_and(|t| t == "workers-b")
+            })
+            .then_some(())
+    })
+    .await;
     bitpool_migrate(&scenario.stack);
     api(client, "ipam.metal3.io/v1alpha1", "IPPool")
         .patch(
@@ -1056,22 +1276,73 @@ async fn migrate_without_a_roll(scenario: &Scenario, deployed: &BTreeMap<String,
         )
         .await
         .expect("point the Metal3 pool at the migrated pool");
+    scenario.step("migrated mid-roll");
+    let rolled = scenario.settled(3, "workers-b").await;
+    assert_leases(&rolled, None);
+    // The provisioning network follows the host (BMH-name preallocation); the other network's
+    // address is a new machine's, from a pool the migration does not touch.
+    let provisioning = |r: &Rendered| (r.addresses["provisioning"].clone(), r.provisioning.clone());
+    for (host, r) in &rolled {
+        if let Some(before) = deployed.get(host) {
+            assert_eq!(
+                provisioning(r),
+                provisioning(before),
+                "{host} renders the provisioning network it rendered before the migration"
+            );
+        }
+    }
+    assert_eq!(rendered(client, "control-plane").await, control_plane);
     eventually(
-        "every IPClaim is served through the proxy with the address it had",
+        "every IPClaim is served through the proxy with the address it holds",
         WAIT,
-        || async { (migrated_allocations(client).await == before).then_some(()) },
+        || async {
+            let held = metal3_allocations(client).await;
+            (held.len() == MIGRATED_CLAIMS && migrated_allocations(client).await == held)
+                .then_some(())
+        },
     )
     .await;
-    assert_eq!(metal3_allocations(client).await, before);
-    assert_eq!(&settled(client, 3, "workers-a").await, deployed);
-    scenario.step("migrated through the proxy, every address kept");
+    counts_exact(client).await;
+    eventually("neither pool says they overlap", WAIT, || async {
+        (!overlap_said(client).await?).then_some(())
+    })
+    .await;
+    scenario.step("rolled through the migration, every lease kept, counts exact");
+}
 
+/// A machine added through the proxy: its host's address, with its rack's lease.
+async fn grow_through_the_proxy(scenario: &Scenario) {
+    let client = &scenario.client;
     patch_deployment(client, json!({"spec": {"replicas": 4}})).await;
-    scenario.settled(4, "workers-a").await;
+    let grown = scenario.settled(4, "workers-b").await;
+    assert_leases(&grown, None);
     let proxied = metal3_allocations(client).await;
     assert_eq!(proxied, migrated_allocations(client).await);
-    assert_eq!(proxied.len(), 5, "{proxied:?}");
+    assert_eq!(proxied.len(), MIGRATED_CLAIMS + 1, "{proxied:?}");
+    counts_exact(client).await;
+    assert_eq!(overlap_said(client).await, Some(false));
     scenario.step("a machine added through the proxy");
+}
+
+/// The other consumers' IPClaims deleted: released through the proxy, the counts follow.
+async fn release_through_the_proxy(scenario: &Scenario, consumers: &[String]) {
+    let client = &scenario.client;
+    let ipclaims = api(client, "ipam.metal3.io/v1alpha1", "IPClaim");
+    for name in consumers {
+        ipclaims
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete an IPClaim");
+    }
+    eventually("the consumers' addresses released", WAIT, || async {
+        let held = metal3_allocations(client).await;
+        (held.len() == MIGRATED_CLAIMS + 1 - consumers.len()
+            && migrated_allocations(client).await == held)
+            .then_some(())
+    })
+    .await;
+    counts_exact(client).await;
+    scenario.step("the other consumers released through the proxy");
 }
 
 /// A node roll onto a data template that takes the provisioning addresses from the migrated
@@ -1090,6 +1361,8 @@ async fn roll_onto_the_migrated_pool(scenario: &Scenario) {
         .await;
     let rolled = settled(client, 4, "workers-migrated").await;
     assert_distinct(&rolled);
+    // Gateway and netmask from the migrated pool's subnets; the template names its DNS.
+    assert_leases(&rolled, Some(RACKS[0].dns));
     scenario.step(&format!(
         "4 machines rolled onto the migrated pool in {:?}",
         roll.elapsed()
