@@ -425,11 +425,7 @@ fn target_problem(
     target_ref: &IPPoolReference,
     target: Option<&CachedAddressPool>,
 ) -> Option<String> {
-    let readable = target_ref.api_group == capi::GROUP
-        && matches!(
-            target_ref.kind.as_str(),
-            "InClusterIPPool" | "GlobalInClusterIPPool"
-        );
+    let readable = CachedAddressPool::is_kind(&target_ref.api_group, &target_ref.kind);
     (readable && target.is_none()).then(|| {
         format!(
             "spec.poolRef names {} {}, which does not exist: the pool's IPClaims wait for it",

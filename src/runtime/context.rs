@@ -147,6 +147,12 @@ pub struct CachedAddressPool {
 }
 
 impl CachedAddressPool {
+    /// Whether `api_group`/`kind` is one of the kinds above.
+    pub fn is_kind(api_group: &str, kind: &str) -> bool {
+        api_group == crate::api::capi::GROUP
+            && matches!(kind, "InClusterIPPool" | "GlobalInClusterIPPool")
+    }
+
     /// The DNS servers the pool gives `address` (the CAPI contract carries none): its subnet's,
     /// else the pool's own.
     pub fn dns_servers_for(&self, address: &str) -> Vec<String> {
