@@ -1202,7 +1202,8 @@ async fn pool_annotations(env: &Env, pool: &str) -> BTreeMap<String, String> {
 /// The addresses a hand-over carries, as text.
 fn handed_over(annotations: &BTreeMap<String, String>) -> Option<BTreeSet<String>> {
     let text = annotations.get(moving::HANDOVER_ANNOTATION)?;
-    let handover: moving::Handover = serde_json::from_str(text).expect("a hand-over");
+    let handover: bitpool::ipam::ledger::handover::Handover =
+        serde_json::from_str(text).expect("a hand-over");
     let ledger = handover.ledger().expect("readable bitmaps");
     Some(ledger.addresses().map(|a| a.to_string()).collect())
 }

@@ -6,6 +6,7 @@
 
 pub mod capi;
 pub mod capi_pools;
+pub mod clusterctl;
 pub mod metal3_data;
 pub mod metal3_hosts;
 pub mod metal3_ipam;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kube::runtime::reflector::Store;
 
 use super::key::{PoolKey, PoolKind};
-use super::transaction::SpecFingerprint;
+use super::spec::SpecFingerprint;
 use crate::runtime;
 use crate::runtime::cached::Uid;
 

@@ -7,9 +7,8 @@
 //! - [`metal3`]: its Metal3 IPPool dialect (IPClaims and IPAddressClaims from one space);
 //! - [`key`]: the pool kinds and which pool an object belongs to;
 //! - [`kinds`]: the claim and address kinds behind one interface;
-//! - [`ledger`], [`intent`] and [`transaction`]: the per-pool record that makes the API server
-//!   the judge of every allocation, the pure transaction applied to it, and how it is read,
-//!   rebuilt and committed;
+//! - [`ledger`]: the per-pool record that makes the API server the judge of every allocation:
+//!   its format, the pure transaction applied to it, and how it is read, rebuilt and committed;
 //! - [`duplicates`] and [`overlaps`]: addresses held twice and pools that meet, as pure
 //!   functions;
 //! - [`moving`]: a pool's ledger handed over with the pool by `clusterctl move`;
@@ -25,7 +24,6 @@ pub mod context;
 pub mod dialect;
 pub mod duplicates;
 pub mod engine;
-pub mod intent;
 pub mod key;
 pub mod kinds;
 pub mod ledger;
@@ -37,6 +35,12 @@ pub mod proxy;
 pub mod spec;
 pub mod sweep;
 pub mod tenancy;
-pub mod transaction;
 
 pub use context::{CachedSpace, Context};
+
+// Transitional, while the branches that still name the old paths are merged.
+pub use ledger::intent;
+/// Transitional: the old home of [`ledger::ensure_namespace`].
+pub mod transaction {
+    pub use super::ledger::ensure_namespace;
+}

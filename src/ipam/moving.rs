@@ -32,80 +32,24 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use serde::{Deserialize, Serialize};
 
 use super::Context;
 use super::dialect::PoolDialect;
-use super::intent;
+use super::ledger;
+use super::ledger::handover::{self, Handover, annotate};
+use super::ledger::intent;
 use super::ledger::{Ledger, Loaded};
-use super::transaction;
-use crate::alloc::set::AddressSet;
+pub use crate::api::clusterctl::{
+    BLOCK_MOVE_ANNOTATION, DELETE_FOR_MOVE_ANNOTATION, HANDOVER_ANNOTATION, MOVED_IN_ANNOTATION,
+};
 use crate::runtime::error::Error;
 use crate::runtime::objects;
 
-/// clusterctl waits, after pausing the Clusters, until no object it moves carries this.
-pub const BLOCK_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/block-move";
-/// clusterctl sets this (alone: it replaces every other annotation) on each source object
-/// before deleting it.
-pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
-/// The ledger handed over for a move ([`Handover`], JSON).
-pub const HANDOVER_ANNOTATION: &str = "ipam.bitpool.dev/handover";
-/// On a pool that arrived by a move, until the move is over ([`MovedIn`], JSON).
-pub const MOVED_IN_ANNOTATION: &str = "ipam.bitpool.dev/moved-in";
-/// The most a hand-over may take: the API server allows 256 KiB of annotations in all.
-pub const MAX_HANDOVER_BYTES: usize = 192 * 1024;
 /// How often a handed-over pool, or one waiting for reservations to land, looks again.
 const RECHECK: Duration = Duration::from_secs(5);
-
-/// A pool's ledger, as it travels on the pool.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Handover {
-    /// The UID of the pool the ledger was written for: a pool with another UID is a copy.
-    pub pool_uid: String,
-    /// The ledger's bitmaps, as the ledger stores them.
-    pub ipv4: ByteString,
-    pub ipv6: ByteString,
-    /// The Clusters of the namespace, paused for the move.
-    pub clusters: Vec<String>,
-}
-
-impl Handover {
-    pub fn of(ledger: &Ledger, pool_uid: &str, clusters: Vec<String>) -> Self {
-        Self {
-            pool_uid: pool_uid.to_string(),
-            ipv4: ByteString(ledger.v4.to_bytes()),
-            ipv6: ByteString(ledger.v6.to_bytes()),
-            clusters,
-        }
-    }
-
-    /// The hand-over as its annotation holds it, or how large it would be when it exceeds
-    /// [`MAX_HANDOVER_BYTES`].
-    fn encoded(&self) -> Result<String, usize> {
-        // Strings and bytes always serialize.
-        let text = serde_json::to_string(self).unwrap_or_default();
-        match text.len() > MAX_HANDOVER_BYTES {
-            true => Err(text.len()),
-            false => Ok(text),
-        }
-    }
-
-    /// The ledger it carries: every address allocated at the hand-over, none reserved.
-    pub fn ledger(&self) -> Result<Ledger, String> {
-        let decode = |bytes: &ByteString, family: &str| {
-            AddressSet::from_bytes(&bytes.0).map_err(|e| format!("{family}: {e}"))
-        };
-        Ok(Ledger {
-            v4: decode(&self.ipv4, "ipv4")?,
-            v6: decode(&self.ipv6, "ipv6")?,
-            ..Ledger::default()
-        })
-    }
-}
 
 /// What a moved pool waits for before it sweeps addresses no object holds.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -229,16 +173,6 @@ fn seen<P: PoolDialect>(pool: &P, ctx: &Context) -> Seen {
     }
 }
 
-/// Merge-patches the pool's annotations (`null` removes one).
-async fn annotate<P: PoolDialect>(
-    pool: &P,
-    ctx: &Context,
-    changes: serde_json::Value,
-) -> Result<(), Error> {
-    let patch = serde_json::json!({"metadata": {"annotations": changes}});
-    objects::merge_patch(&pool.api_for(ctx.client.clone()), &pool.name_any(), patch).await
-}
-
 /// Takes the pool's move step; `Some` when the reconcile ends here.
 pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option<Action>, Error> {
     let seen = seen(pool, ctx);
@@ -254,7 +188,7 @@ pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option
         }
         Step::HandOver(clusters) => hand_over(pool, ctx, seen.pool_uid, clusters).await,
         Step::Arrive(handover) => {
-            arrive(pool, ctx, &handover).await?;
+            handover::arrive(pool, ctx, &handover).await?;
             let moved_in = MovedIn {
                 clusters: handover.clusters,
             };
@@ -271,7 +205,7 @@ pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option
             Ok(None)
         }
         Step::Leave => {
-            transaction::forget(pool, ctx).await?;
+            ledger::forget(pool, ctx).await?;
             tracing::info!(pool = %pool.key().describe(), "the pool was moved away by clusterctl; its ledger here is deleted");
             // clusterctl strips the finalizers itself; one that did not is let go here.
             if pool.meta().deletion_timestamp.is_some() {
@@ -283,43 +217,6 @@ pub async fn step<P: PoolDialect>(pool: &P, ctx: &Arc<Context>) -> Result<Option
     }
 }
 
-/// Before a ledger write that adds addresses to a pool handed over here, the hand-over takes
-/// them: it must hold every address the ledger holds, whenever clusterctl copies the pool. (What
-/// it holds beyond, released meanwhile, a copy frees once its move is over.) Pools not handed
-/// over cost a look at one annotation.
-pub async fn cover<P: PoolDialect>(
-    pool: &P,
-    ctx: &Context,
-    before: &Ledger,
-    next: &Ledger,
-) -> Result<(), Error> {
-    let Some(mut handover) = annotation(pool.meta(), HANDOVER_ANNOTATION)
-        .and_then(|text| serde_json::from_str::<Handover>(text).ok())
-        .filter(|h| Some(&h.pool_uid) == pool.meta().uid.as_ref())
-    else {
-        return Ok(());
-    };
-    let mut added = next.addresses().filter(|a| !before.contains(*a)).peekable();
-    if added.peek().is_none() {
-        return Ok(());
-    }
-    let mut covered = handover.ledger().unwrap_or_default();
-    for address in next.addresses() {
-        covered.insert(address);
-    }
-    handover.ipv4 = ByteString(covered.v4.to_bytes());
-    handover.ipv6 = ByteString(covered.v6.to_bytes());
-    let changes = match handover.encoded() {
-        Ok(text) => serde_json::json!({ HANDOVER_ANNOTATION: text }),
-        // Too large to travel: the move is blocked again, and says so in the log.
-        Err(bytes) => {
-            tracing::warn!(pool = %pool.key().describe(), bytes, "the pool's ledger grew too large to travel with it; blocking clusterctl move again");
-            serde_json::json!({BLOCK_MOVE_ANNOTATION: "", HANDOVER_ANNOTATION: null})
-        }
-    };
-    annotate(pool, ctx, changes).await
-}
-
 /// Writes the ledger onto the pool and lifts the block, once no reservation can still land (a
 /// create that lands after clusterctl has listed the namespace would not be moved).
 async fn hand_over<P: PoolDialect>(
@@ -328,7 +225,7 @@ async fn hand_over<P: PoolDialect>(
     pool_uid: String,
     clusters: Vec<String>,
 ) -> Result<Option<Action>, Error> {
-    let ledger_ref = transaction::ledger_of(pool, ctx);
+    let ledger_ref = ledger::ledger_of(pool, ctx);
     let ledger = match ledger_ref.load().await? {
         Loaded::Found(stored) => stored.ledger,
         Loaded::Missing => Ledger::default(),
@@ -357,44 +254,6 @@ async fn hand_over<P: PoolDialect>(
     annotate(pool, ctx, changes).await?;
     tracing::info!(pool = %pool.key().describe(), "every Cluster of the namespace is paused: the pool's ledger is handed over for clusterctl move");
     Ok(Some(Action::requeue(RECHECK)))
-}
-
-/// Creates a copied pool's ledger from its hand-over (once: a ledger already there is this
-/// pool's, written by an earlier reconcile).
-async fn arrive<P: PoolDialect>(pool: &P, ctx: &Context, handover: &Handover) -> Result<(), Error> {
-    let ledger_ref = transaction::ledger_of(pool, ctx);
-    let ledger = match handover.ledger() {
-        Ok(ledger) => ledger,
-        // The engine rebuilds it from the address objects, fenced (the pool carries its mark).
-        Err(reason) => {
-            tracing::warn!(pool = %pool.key().describe(), %reason, "the ledger handed over with the pool cannot be read");
-            return Ok(());
-        }
-    };
-    let written = match ledger_ref.load().await? {
-        Loaded::Found(_) => return Ok(()),
-        Loaded::Missing => match ledger_ref.create(&ledger).await {
-            Err(Error::LedgerNamespaceMissing(ns)) => {
-                transaction::ensure_namespace(&ctx.client, &ns).await?;
-                ledger_ref.create(&ledger).await?
-            }
-            other => other?,
-        },
-        Loaded::Untrusted {
-            resource_version, ..
-        } => {
-            ledger_ref
-                .replace(resource_version.as_deref(), &ledger)
-                .await?
-        }
-    };
-    match written {
-        Some(_) => Ok(()),
-        None => Err(Error::LedgerContention {
-            ledger: ledger_ref.describe(),
-            attempts: 1,
-        }),
-    }
 }
 
 #[cfg(test)]

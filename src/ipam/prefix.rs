@@ -13,9 +13,9 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::capi::{capi_address, global_preallocation_key, status_patch};
 use super::dialect::{PoolDialect, Report};
-use super::intent::Refusal;
 use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, NewAddress};
+use super::ledger::intent::Refusal;
 use super::overlaps::Covered;
 use crate::alloc::{self, AddressSpace, AllocError, Family, Lease, Numbering};
 use crate::api::capi_pools::{

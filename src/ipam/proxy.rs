@@ -19,11 +19,10 @@ use super::Context;
 use super::capi::OVERLAP_CONDITION;
 use super::dialect::PoolDialect;
 use super::engine;
-use super::intent;
 use super::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
-use super::ledger::Loaded;
+use super::ledger::intent;
+use super::ledger::{self, Loaded};
 use super::metal3::metal3_address;
-use super::transaction;
 use crate::alloc::AddressSpace;
 use crate::api::capi::{self, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use crate::api::capi_pools::InClusterIPPoolStatus;
@@ -196,7 +195,7 @@ struct Served {
 /// can still land (the engine no longer runs for the pool to confirm them); a switch back
 /// rebuilds it from the address objects. Returns when to look again if it has to wait.
 async fn retire_own_ledger(pool: &IPPool, ctx: &Context) -> Result<Option<Duration>, Error> {
-    let ledger = transaction::ledger_of(pool, ctx);
+    let ledger = ledger::ledger_of(pool, ctx);
     let Loaded::Found(stored) = ledger.load().await? else {
         return Ok(None);
     };

@@ -1,7 +1,7 @@
 //! Pool specs as the allocation core reads them: plain conversions, shared by the engine, the
 //! webhook's rules and `bitpool migrate`.
 
-use crate::alloc::{self, Metal3Entry, Metal3Pool};
+use crate::alloc::{self, AddressSpace, Metal3Entry, Metal3Pool};
 use crate::api::AllocationStrategy;
 use crate::api::capi_pools::{InClusterIPPoolSpec, InClusterPrefixPoolSpec};
 use crate::api::metal3_ipam::IPPoolSpec;
@@ -63,4 +63,17 @@ pub fn metal3_pool(spec: &IPPoolSpec) -> Metal3Pool {
         pre_allocations: spec.pre_allocations.clone(),
         strategy: AllocationStrategy::for_core(spec.allocation_strategy),
     }
+}
+
+/// Which spec of which pool a space was built from: a new spec means a new space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecFingerprint {
+    pub uid: String,
+    pub generation: i64,
+}
+
+/// A pool's empty address space and the spec it was built from.
+pub struct Base {
+    pub space: AddressSpace,
+    pub spec: SpecFingerprint,
 }

@@ -9,9 +9,9 @@ use super::{Batch, Outcomes, Round, Sight, address_key, claim_key, in_parallel, 
 use crate::alloc::Lease;
 use crate::ipam::Context;
 use crate::ipam::dialect::PoolDialect;
-use crate::ipam::intent::{Found, Refusal};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
 use crate::ipam::ledger;
+use crate::ipam::ledger::intent::{Found, Refusal};
 use crate::runtime::error::Error;
 
 /// Apply: the address objects of transaction 1's reservations created, then those of released
@@ -19,7 +19,7 @@ use crate::runtime::error::Error;
 pub(super) async fn apply<P: PoolDialect>(
     round: &Round<'_, P>,
     batch: &mut Batch,
-    reserved: &Reserved,
+    reserved: &Reserved<'_, P>,
 ) -> Result<(), Error> {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let (outcomes, committed) = (&reserved.outcomes, reserved.committed);

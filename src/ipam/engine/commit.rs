@@ -10,10 +10,8 @@ use super::read::cached_claim;
 use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, Sight, address_key, keep_first};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
-use crate::ipam::intent;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
-use crate::ipam::ledger::{self, Ledger, LedgerRef};
-use crate::ipam::transaction;
+use crate::ipam::ledger::{self, Ledger, Session, intent};
 use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
 use crate::runtime::objects;
@@ -29,8 +27,8 @@ pub(super) struct Transacted {
 }
 
 /// What transaction 1 left for the phases after it.
-pub(super) struct Reserved {
-    ledger_ref: LedgerRef,
+pub(super) struct Reserved<'a, P> {
+    session: Session<'a, P>,
     /// Each request's lease or refusal.
     pub(super) outcomes: Outcomes,
     /// When it was committed: creates for its reservations start their window here.
@@ -41,21 +39,23 @@ pub(super) struct Reserved {
 
 /// Reserve: the record repaired where it lost something, then transaction 1 (allocations,
 /// binds, confirmations). Claims whose objects it judged are served or told why not.
-pub(super) async fn reserve<P: PoolDialect>(round: &Round<'_, P>, batch: &mut Batch) -> Reserved {
+pub(super) async fn reserve<'a, P: PoolDialect>(
+    round: &'a Round<'_, P>,
+    batch: &mut Batch,
+) -> Reserved<'a, P> {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let base = round.base.as_ref();
     let deleting = pool.meta().deletion_timestamp.is_some();
-    let ledger_ref = transaction::ledger_of(pool, ctx);
+    let session = Session::open(pool, ctx, base);
     let mut ledger_error = None;
     let addresses = &round.observed.addresses;
     let live_objects = addresses.values().any(|a| !a.deleting());
     let create = !deleting && live_objects;
-    let repaired = repair_record(pool, ctx, &ledger_ref, addresses, create, batch).await;
+    let repaired = repair_record(pool, ctx, &session, addresses, create, batch).await;
     let known = keep_first(&mut ledger_error, repaired).flatten();
 
     let create = !deleting && !batch.first.allocate.is_empty();
-    let first =
-        transaction::commit(&ledger_ref, pool, ctx, base, known, &batch.first, create).await;
+    let first = session.commit(known, &batch.first, create).await;
     let first = keep_first(&mut ledger_error, first).map(|committed| committed.outcomes);
     // Unjudged (the commit failed), a found object serves nobody this time.
     if let Some(outcomes) = &first {
@@ -63,7 +63,7 @@ pub(super) async fn reserve<P: PoolDialect>(round: &Round<'_, P>, batch: &mut Ba
         batch.settle_found(pool, found, outcomes, spec_error);
     }
     Reserved {
-        ledger_ref,
+        session,
         outcomes: first.unwrap_or_default(),
         committed: std::time::Instant::now(),
         ledger_error,
@@ -76,17 +76,17 @@ pub(super) async fn reserve<P: PoolDialect>(round: &Round<'_, P>, batch: &mut Ba
 pub(super) async fn settle<P: PoolDialect>(
     round: &Round<'_, P>,
     batch: &mut Batch,
-    reserved: Reserved,
+    reserved: Reserved<'_, P>,
 ) -> Transacted {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
-    let (base, observed) = (round.base.as_ref(), &round.observed);
+    let observed = &round.observed;
     let Reserved {
-        ledger_ref,
+        session,
         outcomes,
         mut ledger_error,
         ..
     } = reserved;
-    let current = transaction::load(&ledger_ref, pool, ctx, false).await;
+    let current = session.read(false).await;
     let known = keep_first(&mut ledger_error, current).flatten();
     // Before the list, every address would look unexplained.
     let sweep = observed.sight == Sight::Listed;
@@ -104,8 +104,7 @@ pub(super) async fn settle<P: PoolDialect>(
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
         batch.second.release_unlanded.extend(vanished);
     }
-    let second =
-        transaction::commit(&ledger_ref, pool, ctx, base, known, &batch.second, false).await;
+    let second = session.commit(known, &batch.second, false).await;
     let (ledger, usage) = match keep_first(&mut ledger_error, second) {
         Some(committed) => {
             let found = std::mem::take(&mut batch.found_second);
@@ -133,12 +132,12 @@ pub(super) async fn settle<P: PoolDialect>(
 pub(super) async fn repair_record<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
-    ledger_ref: &LedgerRef,
+    session: &Session<'_, P>,
     addresses: &AddressIndex,
     create: bool,
     batch: &mut Batch,
 ) -> Result<Option<ledger::Stored>, Error> {
-    let Some(stored) = transaction::load(ledger_ref, pool, ctx, create).await? else {
+    let Some(stored) = session.read(create).await? else {
         return Ok(None);
     };
     let ledger = &stored.ledger;
@@ -162,7 +161,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
     let fresh = fresh_pool_addresses(pool, ctx).await?;
     // The list is newer than the record: an object another process created since the record
     // was read holds an address reserved since. What the record read again now lists was not lost.
-    let again = transaction::load(ledger_ref, pool, ctx, false).await?;
+    let again = session.read(false).await?;
     let (adopt, foreign): (Vec<&AnyAddress>, Vec<&AnyAddress>) = fresh
         .iter()
         .filter(|a| {
@@ -186,7 +185,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
         );
         intent.fence = Some(format!(
             "{} did not list {} live address object(s) of the pool (for example {first})",
-            ledger_ref.describe(),
+            session.describe(),
             intent.adopt.len()
         ));
     }

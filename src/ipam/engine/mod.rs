@@ -37,9 +37,9 @@ use kube::runtime::controller::Action;
 use super::Context;
 use super::dialect::{Outcomes, PoolDialect};
 use super::duplicates::SharedAddress;
-use super::intent::Intent;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
-use super::{moving, transaction};
+use super::ledger::intent::Intent;
+use super::{moving, spec};
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -150,7 +150,7 @@ struct Batch {
     /// Which address object each claim's status names.
     named: HashMap<ClaimKey, Arc<str>>,
     /// Objects of live claims that their status does not name, judged by transaction 1 (or 2,
-    /// for one met by a create) before the claim is served with them ([`super::intent::Found`]).
+    /// for one met by a create) before the claim is served with them ([`super::ledger::intent::Found`]).
     found_first: Vec<(AnyClaim, AnyAddress)>,
     found_second: Vec<(AnyClaim, AnyAddress)>,
     /// Address objects bitpool did not make, which hold nothing for it: the report names them.
@@ -262,7 +262,7 @@ struct Round<'a, P> {
     pool: &'a P,
     ctx: &'a Arc<Context>,
     observed: read::Observed,
-    base: Option<transaction::Base>,
+    base: Option<spec::Base>,
     spec_error: Option<String>,
 }
 
@@ -301,15 +301,15 @@ fn usable<P: PoolDialect>(pool: &P, claim: &AnyClaim, object: &AnyAddress) -> bo
 }
 
 /// The pool's empty address space, or why there is none (an invalid spec, a pool being deleted).
-fn base_space<P: PoolDialect>(pool: &P, deleting: bool) -> Result<transaction::Base, String> {
+fn base_space<P: PoolDialect>(pool: &P, deleting: bool) -> Result<spec::Base, String> {
     if deleting {
         return Err("the pool is being deleted".to_string());
     }
     // An invalid selector makes the pool invalid: it must not serve namespaces it meant to shut out.
     pool.tenancy()?;
-    Ok(transaction::Base {
+    Ok(spec::Base {
         space: pool.space()?,
-        spec: transaction::SpecFingerprint {
+        spec: spec::SpecFingerprint {
             uid: pool.uid().unwrap_or_default(),
             generation: pool.meta().generation.unwrap_or_default(),
         },

@@ -12,9 +12,9 @@ use super::{
 };
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::duplicates::{self, SharedAddress};
-use crate::ipam::intent::{Found, Refusal, Request};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, Outcome};
-use crate::ipam::transaction;
+use crate::ipam::ledger::intent::{Found, Refusal, Request};
+use crate::ipam::spec;
 use crate::runtime::objects;
 
 /// Transaction 1 and the work around it, from what was read: each live claim is served with
@@ -23,7 +23,7 @@ use crate::runtime::objects;
 pub(super) fn plan<P: PoolDialect>(
     pool: &P,
     observed: &Observed,
-    base: Option<&transaction::Base>,
+    base: Option<&spec::Base>,
 ) -> Batch {
     let (claims, addresses) = (&observed.claims, &observed.addresses);
     let mut batch = Batch {
@@ -175,7 +175,7 @@ impl Batch {
         &mut self,
         pool: &P,
         claim: &AnyClaim,
-        base: Option<&transaction::Base>,
+        base: Option<&spec::Base>,
     ) {
         let Some(id) = claim.id() else { return };
         let problem = base.and_then(|base| pool.address_name_problem(claim, base.space.family()));
@@ -309,12 +309,12 @@ mod tests {
         pool
     }
 
-    fn base(space: crate::alloc::AddressSpace) -> transaction::Base {
-        let spec = transaction::SpecFingerprint {
+    fn base(space: crate::alloc::AddressSpace) -> spec::Base {
+        let spec = spec::SpecFingerprint {
             uid: "pool-uid".into(),
             generation: 0,
         };
-        transaction::Base { space, spec }
+        spec::Base { space, spec }
     }
 
     fn pool_ref() -> IPPoolReference {

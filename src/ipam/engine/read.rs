@@ -13,10 +13,11 @@ use kube::runtime::reflector::ObjectRef;
 use super::{AddressIndex, BATCH, ClaimKey, Sight, address_key, claim_key, in_parallel, usable};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
-use crate::ipam::intent::Refusal;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
+use crate::ipam::ledger::Session;
+use crate::ipam::ledger::intent::Refusal;
+use crate::ipam::moving;
 use crate::ipam::tenancy::{self, Tenancy};
-use crate::ipam::{moving, transaction};
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -154,7 +155,7 @@ async fn observe_unlisted<P: PoolDialect>(
     // The ledger before the finalizers: claims are served in the order of their versions, which
     // a finalizer patch changes, and patched in parallel they come out in any order. A reconcile
     // that adds them must go on to serve the claims in the order they were made.
-    let stored = transaction::load(&transaction::ledger_of(pool, ctx), pool, ctx, false).await?;
+    let stored = Session::open(pool, ctx, None).read(false).await?;
     if !stored.is_some_and(|s| s.ledger.whole_and_unfenced()) {
         return Ok(None);
     }

@@ -17,13 +17,12 @@ use crate::alloc;
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Report, fresh_pool_addresses};
 use crate::ipam::duplicates::{self, SharedAddress};
-use crate::ipam::intent::Refusal;
 use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
 use crate::ipam::ledger;
+use crate::ipam::ledger::intent::Refusal;
 use crate::ipam::overlaps::{self, Covered, Overlap};
 use crate::ipam::tenancy::{self, Reach, Tenancy};
-use crate::ipam::transaction;
 use crate::ops::events::Reason;
 use crate::runtime::error::Error;
 use crate::runtime::objects;
@@ -488,7 +487,7 @@ pub(super) async fn finish_pool_deletion<P: PoolDialect>(
         let _ = objects::merge_status(&api, &pool.name_any(), patch).await;
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    transaction::forget(pool, ctx).await?;
+    ledger::forget(pool, ctx).await?;
     objects::remove_finalizer(&api, pool, P::FINALIZER).await?;
     ctx.ops.metrics.forget_pool(&pool_labels(&pool.key()));
     Ok(Action::await_change())

@@ -1,24 +1,24 @@
-//! Reading, rebuilding and committing a pool's ledger (see [`super::ledger`]).
+//! Reading, rebuilding and committing a pool's ledger.
 //!
 //! A ledger that is missing, unreadable or written for an earlier pool is rebuilt from the pool's
 //! live address objects, read from the server. What was in flight is not in those objects, so a
-//! rebuilt ledger is fenced ([`super::ledger::REBUILD_FENCE`]) unless no reservation was ever made in the
+//! rebuilt ledger is fenced ([`super::REBUILD_FENCE`]) unless no reservation was ever made in the
 //! pool: the pool carries [`LEDGER_ANNOTATION`] from before its first reservation.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, PostParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use super::Context;
-use super::dialect::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
+use super::handover;
 use super::intent::{self, Intent};
-use super::ledger::{Ledger, LedgerRef, Loaded, Stored};
-use crate::alloc::AddressSpace;
-use crate::runtime::error::{Call, Error, Verb, object_of};
+use super::record::Ledger;
+use super::store::{LedgerRef, Loaded, Stored, ensure_namespace};
+use crate::ipam::context::{CachedSpace, Context};
+use crate::ipam::dialect::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
+use crate::ipam::spec::Base;
+use crate::runtime::error::{Call, Error, Verb};
 use crate::runtime::objects;
 
 /// Set on a pool before its first reservation: a pool that has it and no ledger has lost its
@@ -26,48 +26,6 @@ use crate::runtime::objects;
 pub const LEDGER_ANNOTATION: &str = "ipam.bitpool.dev/ledger";
 /// Ledger writes attempted before a reconcile gives up and retries later.
 const LEDGER_ATTEMPTS: usize = 8;
-
-pub fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> LedgerRef {
-    let kind = P::kind(&());
-    // An owner must live in the same namespace or be cluster-scoped.
-    let owner = pool
-        .namespace()
-        .is_none()
-        .then(|| objects::owner_reference(pool, false))
-        .flatten();
-    LedgerRef::new(
-        ctx.client.clone(),
-        &ctx.settings.ledger_namespace,
-        &kind,
-        pool.namespace().as_deref(),
-        &pool.name_any(),
-        pool.ledger_identity(),
-        owner,
-    )
-}
-
-/// Creates the ledger namespace if it is missing (a missing one would stop every pool).
-pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    if objects::get_optional(&namespaces, name).await?.is_some() {
-        return Ok(());
-    }
-    let namespace = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_string()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match namespaces.create(&PostParams::default(), &namespace).await {
-        Ok(_) => {
-            tracing::info!(namespace = name, "created the ledger namespace");
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
-        Err(e) => Err(Error::api(Verb::Create, object_of(&namespaces, name), e)),
-    }
-}
 
 /// Whether a reservation may ever have been made in the pool's ledger: the pool carries
 /// [`LEDGER_ANNOTATION`] (read from the server, not a cache).
@@ -189,19 +147,6 @@ pub async fn load<P: PoolDialect>(
     })
 }
 
-/// Which spec of which pool a space was built from: a new spec means a new space.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SpecFingerprint {
-    pub uid: String,
-    pub generation: i64,
-}
-
-/// A pool's empty address space and the spec it was built from.
-pub struct Base {
-    pub space: AddressSpace,
-    pub spec: SpecFingerprint,
-}
-
 /// What a commit wrote.
 pub struct Committed {
     pub ledger: Ledger,
@@ -269,7 +214,7 @@ pub async fn commit<P: PoolDialect>(
         let written = if next == stored.ledger {
             Some(stored.clone())
         } else {
-            super::moving::cover(pool, ctx, &stored.ledger, &next).await?;
+            handover::cover(pool, ctx, &stored.ledger, &next).await?;
             ledger_ref.replace(stored.version(), &next).await?
         };
         let Some(written) = written else {
@@ -283,7 +228,7 @@ pub async fn commit<P: PoolDialect>(
         {
             ctx.keep_space(
                 &key,
-                super::context::CachedSpace {
+                CachedSpace {
                     pool: base.spec.clone(),
                     ledger_version: version,
                     space,
@@ -301,9 +246,4 @@ pub async fn commit<P: PoolDialect>(
         ledger: ledger_ref.describe(),
         attempts: LEDGER_ATTEMPTS,
     })
-}
-
-/// The pool's ledger is about to go with it.
-pub async fn forget<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<(), Error> {
-    ledger_of(pool, ctx).delete().await
 }
