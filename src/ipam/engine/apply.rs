@@ -1,50 +1,79 @@
 //! Apply: the address objects transaction 1 calls for are created (within the create window),
 //! released and orphaned ones deleted, and existing ones adopted.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::commit::Reserved;
-use super::{Batch, Outcomes, Round, Sight, address_key, claim_key, in_parallel, vouches};
+use super::plan::Unkept;
+use super::{Outcomes, Round, Sight, Told, address_key, claim_key, in_parallel, vouches};
 use crate::alloc::Lease;
 use crate::ipam::Context;
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
 use crate::ipam::ledger;
-use crate::ipam::ledger::intent::{Found, Refusal};
+use crate::ipam::ledger::intent::{Found, Intent, Refusal};
 use crate::runtime::error::Error;
+
+/// What the object writes leave: transaction 2 as far as they decide it, the objects a create
+/// met (judged by transaction 2 before their claim is served with them), and what the orphans
+/// and second objects deleted held.
+#[derive(Default)]
+pub(super) struct Applied {
+    /// Transaction 2: confirm what was created, free what was released (the sweep adds leaks).
+    pub(super) second: Intent,
+    pub(super) found: Vec<(AnyClaim, AnyAddress)>,
+    /// What the deleted orphans and second objects held: freed only if a fresh list shows no
+    /// other object holding it.
+    pub(super) orphans_deleted: Vec<IpAddr>,
+    pub(super) told: Told,
+}
 
 /// Apply: the address objects of transaction 1's reservations created, then those of released
 /// claims, orphans and second objects deleted.
 pub(super) async fn apply<P: PoolDialect>(
     round: &Round<'_, P>,
-    batch: &mut Batch,
+    creates: Vec<AnyClaim>,
+    deletes: Vec<(AnyClaim, AnyAddress)>,
+    unkept: Unkept,
     reserved: &Reserved<'_, P>,
-) -> Result<(), Error> {
+) -> Result<Applied, Error> {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let (outcomes, committed) = (&reserved.outcomes, reserved.committed);
-    create_addresses(pool, ctx, batch, outcomes, committed, spec_error).await;
+    let mut applied = Applied::default();
+    let creating = Creating {
+        outcomes,
+        committed,
+        spec_error,
+    };
+    create_addresses(pool, ctx, &mut applied, creates, creating).await;
     if round.observed.sight != Sight::Listed {
         // Whether another claim's object holds the address of an object a create met needs the
         // objects: the claim waits for them (its new reservation is released all the same).
-        batch.second.found.clear();
-        batch.found_second.clear();
+        applied.second.found.clear();
+        applied.found.clear();
     }
     // Whether another claim's live object holds what a create met, for transaction 2.
-    for (found, (claim, _)) in batch.second.found.iter_mut().zip(&batch.found_second) {
+    for (found, (claim, _)) in applied.second.found.iter_mut().zip(&applied.found) {
         found.shared = round.observed.addresses.values().any(|other| {
             address_key(other) != claim_key(claim)
                 && !other.deleting()
                 && pool.held(other) == Some(found.address)
         });
     }
-    delete_addresses(pool, ctx, batch).await
+    delete_addresses(pool, ctx, &mut applied, deletes).await?;
+    delete_unkept_objects(pool, ctx, &mut applied, unkept).await?;
+    Ok(applied)
 }
 
 /// Gives existing address objects the owners, finalizer and labels they lack. One changed
 /// meanwhile is patched again from the next reconcile's view.
-pub(super) async fn adopt_addresses(ctx: &Context, batch: &mut Batch) -> Result<(), Error> {
-    let patches = std::mem::take(&mut batch.to_adopt);
+pub(super) async fn adopt_addresses(
+    ctx: &Context,
+    patches: Vec<(AnyAddress, serde_json::Value)>,
+    told: &mut Told,
+) -> Result<(), Error> {
     let results = in_parallel(patches, |(address, patch)| async move {
         let result = address.merge_patch(ctx, patch).await;
         if result.is_ok() {
@@ -60,7 +89,7 @@ pub(super) async fn adopt_addresses(ctx: &Context, batch: &mut Batch) -> Result<
                 if e.status()
                     .is_some_and(|s| s.is_conflict() || s.is_not_found()) =>
             {
-                batch.again_within(Duration::ZERO);
+                told.again_within(Duration::ZERO);
             }
             Err(e) => return Err(e),
         }
@@ -72,18 +101,30 @@ pub(super) async fn adopt_addresses(ctx: &Context, batch: &mut Batch) -> Result<
 /// Nothing is created once [`ledger::CREATE_WINDOW`] has passed since the commit (a process that
 /// lost the record may be rebuilding it) or once shutdown has begun: the next reconcile commits
 /// again and resumes with the same reservations.
+/// What the creates of one reconcile go by: transaction 1's outcomes, when it was committed,
+/// and why the pool's spec is invalid, if it is.
+pub(super) struct Creating<'r> {
+    outcomes: &'r Outcomes,
+    committed: Instant,
+    spec_error: &'r Option<String>,
+}
+
 pub(super) async fn create_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
-    batch: &mut Batch,
-    outcomes: &Outcomes,
-    committed: Instant,
-    spec_error: &Option<String>,
+    applied: &mut Applied,
+    creates: Vec<AnyClaim>,
+    creating: Creating<'_>,
 ) {
+    let Creating {
+        outcomes,
+        committed,
+        spec_error,
+    } = creating;
     let key = pool.key();
     let deadline = committed + ledger::CREATE_WINDOW;
     let mut creations: Vec<(AnyClaim, Lease, Result<NewAddress, String>)> = Vec::new();
-    for claim in std::mem::take(&mut batch.to_create) {
+    for claim in creates {
         let Some(outcome) = claim.id().and_then(|id| outcomes.get(&id.uid)) else {
             continue;
         };
@@ -93,8 +134,8 @@ pub(super) async fn create_addresses<P: PoolDialect>(
                 lease.clone(),
                 pool.new_address(&claim, lease),
             )),
-            Err(Refusal::Deferred) => batch.again_within(Duration::ZERO),
-            Err(refusal) => batch.statuses.push((
+            Err(Refusal::Deferred) => applied.told.again_within(Duration::ZERO),
+            Err(refusal) => applied.told.statuses.push((
                 claim,
                 Outcome::Refused {
                     refusal: pool.explain(refusal.clone()),
@@ -117,11 +158,11 @@ pub(super) async fn create_addresses<P: PoolDialect>(
     })
     .await;
     for (claim, lease, object_name, result) in created {
-        batch.record_creation(pool, ctx, claim, &lease, object_name, result);
+        applied.record_creation(pool, ctx, claim, &lease, object_name, result);
     }
 }
 
-impl Batch {
+impl Applied {
     /// What creating `claim`'s address object for `lease` means for transaction 2 and the
     /// claim's status; `None` when it was not attempted (left for the next reconcile).
     pub(super) fn record_creation<P: PoolDialect>(
@@ -137,7 +178,7 @@ impl Batch {
             return;
         };
         let address = match result {
-            None => return self.again_within(Duration::ZERO),
+            None => return self.told.again_within(Duration::ZERO),
             Some(Ok(Created::Confirmed)) => {
                 // Only objects not named after their claim need remembering: a second create
                 // of one that is meets the first (409).
@@ -153,7 +194,7 @@ impl Batch {
                 self.second.release.push((lease.address, uid.clone()));
                 let (Some(address), Some(id)) = (pool.held(&existing), claim.id()) else {
                     let message = format!("{} holds no address", existing.describe());
-                    return self.statuses.push((claim, Outcome::Failed(message)));
+                    return self.told.statuses.push((claim, Outcome::Failed(message)));
                 };
                 // Whether another claim's object holds it is filled in from the index.
                 self.second.found.push(Found {
@@ -161,12 +202,12 @@ impl Batch {
                     claim: id,
                     shared: false,
                 });
-                return self.found_second.push((claim, existing));
+                return self.found.push((claim, existing));
             }
             Some(Ok(Created::Conflict(message))) => {
                 // The name is taken by another object: this reservation is not needed.
                 self.second.release.push((lease.address, uid));
-                return self.statuses.push((claim, Outcome::Failed(message)));
+                return self.told.statuses.push((claim, Outcome::Failed(message)));
             }
             Some(Err(e)) => {
                 tracing::warn!(
@@ -175,14 +216,14 @@ impl Batch {
                     error = %e,
                     "creating the address object failed; retrying"
                 );
-                self.again_within(Duration::from_secs(1));
+                self.told.again_within(Duration::from_secs(1));
                 let message = format!("creating the address object failed: {e}");
-                return self.statuses.push((claim, Outcome::Failed(message)));
+                return self.told.statuses.push((claim, Outcome::Failed(message)));
             }
         };
         self.second.confirm.push((address, uid));
-        self.holds::<P>(&claim, address);
-        self.statuses.push((
+        self.told.holds::<P>(&claim, address);
+        self.told.statuses.push((
             claim,
             Outcome::Allocated {
                 address_name: object_name.unwrap_or_default(),
@@ -196,9 +237,10 @@ impl Batch {
 pub(super) async fn delete_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
-    batch: &mut Batch,
+    applied: &mut Applied,
+    deletes: Vec<(AnyClaim, AnyAddress)>,
 ) -> Result<(), Error> {
-    let deletions = in_parallel(std::mem::take(&mut batch.to_delete), |(claim, address)| {
+    let deletions = in_parallel(deletes, |(claim, address)| {
         let ctx = ctx.clone();
         async move {
             let gone = address
@@ -212,26 +254,30 @@ pub(super) async fn delete_addresses<P: PoolDialect>(
         if gone? {
             ctx.deleted_address(&address.meta.uid);
             if !vouches(&claim, &address) {
-                batch.orphans_deleted.extend(pool.held(&address));
+                applied.orphans_deleted.extend(pool.held(&address));
             }
-            batch.second.release_claims.extend(claim.uid());
-            batch
-                .holders
-                .remove(&(claim.kind(), claim.meta.name.clone()));
-            batch.finished.push(claim);
+            applied.second.release_claims.extend(claim.uid());
+            (applied.told).lets_go::<P>((claim.kind(), claim.meta.name.clone()));
+            applied.told.finished.push(claim);
         } else {
-            batch.again_within(Duration::from_secs(1));
+            applied.told.again_within(Duration::from_secs(1));
         }
     }
-    let orphans = std::mem::take(&mut batch.orphaned);
-    for address in delete_unkept(pool, ctx, batch, orphans).await? {
+    Ok(())
+}
+
+/// Deletes the orphans, then the claims' second objects.
+async fn delete_unkept_objects<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    applied: &mut Applied,
+    unkept: Unkept,
+) -> Result<(), Error> {
+    for address in delete_unkept(pool, ctx, applied, unkept.orphaned).await? {
         tracing::warn!(address = %address.describe(), "deleted an address object whose claim is gone");
-        batch
-            .holders
-            .remove(&(address.claim_kind(), address.claim.clone()));
+        (applied.told).lets_go::<P>((address.claim_kind(), address.claim.clone()));
     }
-    let duplicates = std::mem::take(&mut batch.duplicates);
-    for address in delete_unkept(pool, ctx, batch, duplicates).await? {
+    for address in delete_unkept(pool, ctx, applied, unkept.duplicates).await? {
         let (_, claim) = address.claim();
         tracing::warn!(address = %address.describe(), %claim, "deleted a second address object of a claim; the claim keeps its first");
     }
@@ -243,7 +289,7 @@ pub(super) async fn delete_addresses<P: PoolDialect>(
 pub(super) async fn delete_unkept<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
-    batch: &mut Batch,
+    applied: &mut Applied,
     objects: Vec<AnyAddress>,
 ) -> Result<Vec<AnyAddress>, Error> {
     let deletions = in_parallel(objects, |address| {
@@ -261,10 +307,10 @@ pub(super) async fn delete_unkept<P: PoolDialect>(
         match (gone?, pool.held(&address)) {
             (true, Some(ip)) => {
                 ctx.deleted_address(&address.meta.uid);
-                batch.orphans_deleted.push(ip);
+                applied.orphans_deleted.push(ip);
                 deleted.push(address);
             }
-            _ => batch.again_within(Duration::from_secs(1)),
+            _ => applied.told.again_within(Duration::from_secs(1)),
         }
     }
     Ok(deleted)

@@ -3,70 +3,91 @@
 //! reads the record again, sweeps what no object explains, and commits transaction 2 (what was
 //! created, released, or found leaked).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
+use super::apply::Applied;
 use super::read::cached_claim;
-use super::{AddressIndex, Batch, ORPHAN_GRACE, Outcomes, Round, Sight, address_key, keep_first};
+use super::{
+    AddressIndex, ClaimKey, ORPHAN_GRACE, Outcomes, Round, Sight, Told, address_key, keep_first,
+};
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
-use crate::ipam::ledger::{self, Ledger, Session, intent};
+use crate::ipam::ledger::{self, Intent, Ledger, Session, intent};
 use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
 use crate::runtime::objects;
 
-/// What the two ledger transactions and the object writes between them leave.
-pub(super) struct Transacted {
-    pub(super) ledger: Ledger,
-    pub(super) usage: Option<Usage>,
-    /// Transaction 1's outcomes (its refusals tell when to look again).
-    pub(super) outcomes: Outcomes,
-    /// The first ledger error: it does not hold up releases and is returned once they are done.
-    pub(super) ledger_error: Option<Error>,
-}
-
 /// What transaction 1 left for the phases after it.
 pub(super) struct Reserved<'a, P> {
     session: Session<'a, P>,
+    /// Transaction 1, as committed.
+    pub(super) first: Intent,
     /// Each request's lease or refusal.
     pub(super) outcomes: Outcomes,
     /// When it was committed: creates for its reservations start their window here.
     pub(super) committed: std::time::Instant,
     /// The first ledger error: it does not hold up releases and is returned once they are done.
     ledger_error: Option<Error>,
+    /// The claims whose objects it judged, served or told why not; objects bitpool did not make.
+    told: Told,
+}
+
+/// What the two ledger transactions and the object writes between them leave.
+pub(super) struct Settled {
+    pub(super) ledger: Ledger,
+    pub(super) usage: Option<Usage>,
+    /// Transaction 1, as committed, and its outcomes (its refusals tell when to look again).
+    pub(super) first: Intent,
+    pub(super) outcomes: Outcomes,
+    /// Transaction 2, as committed.
+    pub(super) second: Intent,
+    /// The first ledger error: it does not hold up releases and is returned once they are done.
+    pub(super) ledger_error: Option<Error>,
+    /// What transaction 1, the object writes and transaction 2 left for the report, in order.
+    pub(super) told: Told,
 }
 
 /// Reserve: the record repaired where it lost something, then transaction 1 (allocations,
 /// binds, confirmations). Claims whose objects it judged are served or told why not.
 pub(super) async fn reserve<'a, P: PoolDialect>(
     round: &'a Round<'_, P>,
-    batch: &mut Batch,
+    mut first: Intent,
+    found: Vec<(AnyClaim, AnyAddress)>,
 ) -> Reserved<'a, P> {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let base = round.base.as_ref();
     let deleting = pool.meta().deletion_timestamp.is_some();
     let session = Session::open(pool, ctx, base);
     let mut ledger_error = None;
+    let mut told = Told::default();
     let addresses = &round.observed.addresses;
     let live_objects = addresses.values().any(|a| !a.deleting());
     let create = !deleting && live_objects;
-    let repaired = repair_record(pool, ctx, &session, addresses, create, batch).await;
+    let repair = Repair {
+        session: &session,
+        named: &round.observed.named,
+        create,
+    };
+    let repaired = repair_record(pool, ctx, repair, addresses, &mut first, &mut told).await;
     let known = keep_first(&mut ledger_error, repaired).flatten();
 
-    let create = !deleting && !batch.first.allocate.is_empty();
-    let first = session.commit(known, &batch.first, create).await;
-    let first = keep_first(&mut ledger_error, first).map(|committed| committed.outcomes);
+    let create = !deleting && !first.allocate.is_empty();
+    let committed = session.commit(known, &first, create).await;
+    let outcomes = keep_first(&mut ledger_error, committed).map(|committed| committed.outcomes);
     // Unjudged (the commit failed), a found object serves nobody this time.
-    if let Some(outcomes) = &first {
-        let found = std::mem::take(&mut batch.found_first);
-        batch.settle_found(pool, found, outcomes, spec_error);
+    if let Some(outcomes) = &outcomes {
+        told.settle_found(pool, found, outcomes, spec_error);
     }
     Reserved {
         session,
-        outcomes: first.unwrap_or_default(),
+        first,
+        outcomes: outcomes.unwrap_or_default(),
         committed: std::time::Instant::now(),
         ledger_error,
+        told,
     }
 }
 
@@ -75,50 +96,64 @@ pub(super) async fn reserve<'a, P: PoolDialect>(
 /// record), what no object explains swept, and transaction 2.
 pub(super) async fn settle<P: PoolDialect>(
     round: &Round<'_, P>,
-    batch: &mut Batch,
     reserved: Reserved<'_, P>,
-) -> Transacted {
+    applied: Applied,
+) -> Settled {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
     let observed = &round.observed;
     let Reserved {
         session,
+        first,
         outcomes,
         mut ledger_error,
+        told,
         ..
     } = reserved;
+    let Applied {
+        mut second,
+        found,
+        orphans_deleted,
+        told: applied_told,
+    } = applied;
+    let mut told = told.then(applied_told);
     let current = session.read(false).await;
     let known = keep_first(&mut ledger_error, current).flatten();
     // Before the list, every address would look unexplained.
     let sweep = observed.sight == Sight::Listed;
     if let Some(stored) = known.as_ref().filter(|_| sweep) {
         let unexplained = unexplained(pool, ctx, &stored.ledger, &observed.addresses).await;
-        batch.second.release_unbound =
-            keep_first(&mut ledger_error, unexplained).unwrap_or_default();
-        let orphans = std::mem::take(&mut batch.orphans_deleted);
-        let unheld = unheld(pool, ctx, orphans).await;
-        batch
-            .second
-            .release_unbound
-            .extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
+        second.release_unbound = keep_first(&mut ledger_error, unexplained).unwrap_or_default();
+        let unheld = unheld(pool, ctx, orphans_deleted).await;
+        (second.release_unbound).extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
         let vanished = vanished_reservations(ctx, &stored.ledger).await;
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
-        batch.second.release_unlanded.extend(vanished);
+        second.release_unlanded.extend(vanished);
     }
-    let second = session.commit(known, &batch.second, false).await;
-    let (ledger, usage) = match keep_first(&mut ledger_error, second) {
+    let committed = session.commit(known, &second, false).await;
+    let (ledger, usage) = match keep_first(&mut ledger_error, committed) {
         Some(committed) => {
-            let found = std::mem::take(&mut batch.found_second);
-            batch.settle_found(pool, found, &committed.outcomes, spec_error);
+            told.settle_found(pool, found, &committed.outcomes, spec_error);
             (committed.ledger, committed.usage)
         }
         None => Default::default(),
     };
-    Transacted {
+    Settled {
         ledger,
         usage,
+        first,
         outcomes,
+        second,
         ledger_error,
+        told,
     }
+}
+
+/// How the record is repaired: through the reconcile's session, knowing which object each
+/// claim's status names, creating a missing ledger when `create`.
+pub(super) struct Repair<'s, 'a, P> {
+    session: &'s Session<'a, P>,
+    named: &'s HashMap<ClaimKey, Arc<str>>,
+    create: bool,
 }
 
 /// What the ledger must learn from the live address objects. Every address bitpool hands out
@@ -132,11 +167,16 @@ pub(super) async fn settle<P: PoolDialect>(
 pub(super) async fn repair_record<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
-    session: &Session<'_, P>,
+    repair: Repair<'_, '_, P>,
     addresses: &AddressIndex,
-    create: bool,
-    batch: &mut Batch,
+    intent: &mut Intent,
+    told: &mut Told,
 ) -> Result<Option<ledger::Stored>, Error> {
+    let Repair {
+        session,
+        named,
+        create,
+    } = repair;
     let Some(stored) = session.read(create).await? else {
         return Ok(None);
     };
@@ -144,7 +184,6 @@ pub(super) async fn repair_record<P: PoolDialect>(
     let fenced = ledger.rebuilt_at.is_some();
     let fence_over = fenced && ledger.fenced_until(&objects::now().0.to_string()).is_none();
     let whole = ledger.whole_and_unfenced();
-    let named = &batch.named;
     let served = |a: &AnyAddress| named.get(&address_key(a)) == Some(&a.meta.name);
     // Objects this process deleted are not live, though a lagging cache still lists them (a
     // mass deletion would otherwise list the namespace once per reconcile).
@@ -155,7 +194,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
         .collect();
     let lost = !unlisted.is_empty() && (!whole || unlisted.iter().any(|a| served(a)));
     if !fence_over && !lost && (whole || fenced) {
-        batch.foreign.extend(unlisted.into_iter().cloned());
+        told.foreign.extend(unlisted.into_iter().cloned());
         return Ok(Some(stored));
     }
     let fresh = fresh_pool_addresses(pool, ctx).await?;
@@ -169,8 +208,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
                 .is_some_and(|ip| unrecorded(ip, ledger, again.as_ref().map(|s| &s.ledger)))
         })
         .partition(|a| !whole || served(a));
-    batch.foreign.extend(foreign.into_iter().cloned());
-    let intent = &mut batch.first;
+    told.foreign.extend(foreign.into_iter().cloned());
     intent.adopt = adopt.iter().filter_map(|a| pool.held(a)).collect();
     if let (false, Some(first), Some(object)) = (fence_over, intent.adopt.first(), adopt.first()) {
         // Said by each reconcile that starts a fence, with what made the record look lost, so

@@ -1,18 +1,22 @@
 //! The pool engine: one reconcile per pool, whatever its dialect, serving all of the pool's
-//! claims in a batch, in named phases, one file each:
+//! claims in a batch, in named phases, one file each. Each phase takes what the one before
+//! returned and returns its own; none shares a mutable batch with another:
 //!
-//! 1. [`read`]: the pool's claims and their address objects, from the caches and, where a stale
-//!    cache must not decide, from the server;
-//! 2. [`plan`]: what the reconcile does, decided from what was read with no client and no
-//!    await (table-tested);
-//! 3. [`commit::reserve`]: transaction 1 on the ledger (reservations, binds, confirmations),
-//!    after repairing a record that lost something;
-//! 4. [`apply`]: address objects created and deleted;
-//! 5. [`commit::settle`]: the record read again, what no object explains swept, and
-//!    transaction 2 (what was created, released or leaked);
-//! 6. [`report`]: claim finalizers and statuses, the pool's status, Events, metrics and the
-//!    next check.
+//! 1. [`read`] → `Observed`: the pool's claims and their address objects, from the caches
+//!    and, where a stale cache must not decide, from the server;
+//! 2. [`plan`] → `Plan`: what the reconcile does, decided from what was read with no client
+//!    and no await (table-tested): transaction 1, the creates and deletes, what to tell;
+//! 3. [`commit::reserve`] → `Reserved`: transaction 1 on the ledger (reservations, binds,
+//!    confirmations) in the reconcile's ledger session, after repairing a record that lost
+//!    something;
+//! 4. [`apply`] → `Applied`: address objects created and deleted, and transaction 2 as far as
+//!    those writes decide it;
+//! 5. [`commit::settle`] → `Settled`: the record read again, what no object explains swept,
+//!    and transaction 2 (what was created, released or leaked);
+//! 6. [`report`] → `Action`: existing objects adopted, claim finalizers and statuses, the pool's
+//!    status, Events, metrics and the next check.
 //!
+//! What each phase leaves the report to write and tell is its `Told`, taken in phase order.
 //! What differs between the in-cluster provider's pools and Metal3's IPPool is the
 //! [`PoolDialect`]; the engine, the ledger and the allocation core are shared.
 
@@ -25,7 +29,7 @@ mod report;
 pub(crate) use read::age;
 pub use report::covered_pools;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,9 +40,7 @@ use kube::runtime::controller::Action;
 
 use super::Context;
 use super::dialect::{Outcomes, PoolDialect};
-use super::duplicates::SharedAddress;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
-use super::ledger::intent::Intent;
 use super::{moving, spec};
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
@@ -124,45 +126,33 @@ fn vouches(claim: &AnyClaim, object: &AnyAddress) -> bool {
     claim.status_address() == Some(&object.meta.name)
 }
 
-/// What one reconcile of a pool does, built up phase by phase.
+/// A claim as a pool's status names its holder (Metal3's `status.allocations`).
+type Holder = (ClaimKind, Arc<str>);
+
+/// A change to who holds what, in the order the phases made it.
+enum Holding {
+    Holds(Holder, IpAddr),
+    LetGo(Holder),
+}
+
+/// What a phase leaves for the report to write and tell: each phase returns its own, and the
+/// report takes them all in phase order.
 #[derive(Default)]
-struct Batch {
-    /// Transaction 1: allocate, bind what is about to lose its address object, confirm.
-    first: Intent,
-    /// Transaction 2: confirm what was created, free what was released, reclaim leaks.
-    second: Intent,
-    to_create: Vec<AnyClaim>,
-    to_delete: Vec<(AnyClaim, AnyAddress)>,
-    /// Address objects whose claim is gone.
-    orphaned: Vec<AnyAddress>,
-    /// Second address objects of live or releasing claims (see [`read::index_by_claim`]).
-    duplicates: Vec<AnyAddress>,
-    /// Addresses the live objects of more than one claim hold: they stay allocated, and the
-    /// report says so.
-    shared: Vec<SharedAddress>,
-    /// What the orphaned objects held, once they are deleted: freed only if a fresh list shows
-    /// no other object holding it (a hand-made object may name another claim's address).
-    orphans_deleted: Vec<IpAddr>,
+struct Told {
+    statuses: Vec<(AnyClaim, Outcome)>,
     /// Claims whose address is released: their finalizer goes.
     finished: Vec<AnyClaim>,
     /// Existing address objects lacking owners, finalizer or labels, with the patch that adds them.
-    to_adopt: Vec<(AnyAddress, serde_json::Value)>,
-    /// Which address object each claim's status names.
-    named: HashMap<ClaimKey, Arc<str>>,
-    /// Objects of live claims that their status does not name, judged by transaction 1 (or 2,
-    /// for one met by a create) before the claim is served with them ([`super::ledger::intent::Found`]).
-    found_first: Vec<(AnyClaim, AnyAddress)>,
-    found_second: Vec<(AnyClaim, AnyAddress)>,
+    adoptions: Vec<(AnyAddress, serde_json::Value)>,
+    /// Who came to hold what, or let it go (kept only where the pool's status names holders).
+    holdings: Vec<Holding>,
     /// Address objects bitpool did not make, which hold nothing for it: the report names them.
     foreign: Vec<AnyAddress>,
-    statuses: Vec<(AnyClaim, Outcome)>,
-    /// Who holds what after this reconcile (claim kind and name → address), for the status.
-    holders: BTreeMap<(ClaimKind, Arc<str>), IpAddr>,
     /// The soonest this pool must be reconciled again.
     next: Option<Duration>,
 }
 
-impl Batch {
+impl Told {
     fn again_within(&mut self, after: Duration) {
         self.next = Some(self.next.map_or(after, |n| n.min(after)));
     }
@@ -170,13 +160,34 @@ impl Batch {
     /// `claim` holds `ip` after this reconcile (kept only where the pool's status names holders).
     fn holds<P: PoolDialect>(&mut self, claim: &AnyClaim, ip: IpAddr) {
         if P::STATUS_NAMES_HOLDERS {
-            self.holders
-                .insert((claim.kind(), claim.meta.name.clone()), ip);
+            let holder = (claim.kind(), claim.meta.name.clone());
+            self.holdings.push(Holding::Holds(holder, ip));
         }
+    }
+
+    /// `holder` holds nothing after this reconcile.
+    fn lets_go<P: PoolDialect>(&mut self, holder: Holder) {
+        if P::STATUS_NAMES_HOLDERS {
+            self.holdings.push(Holding::LetGo(holder));
+        }
+    }
+
+    /// `later`, told by a later phase, after this.
+    fn then(mut self, later: Told) -> Self {
+        self.statuses.extend(later.statuses);
+        self.finished.extend(later.finished);
+        self.adoptions.extend(later.adoptions);
+        self.holdings.extend(later.holdings);
+        self.foreign.extend(later.foreign);
+        if let Some(next) = later.next {
+            self.again_within(next);
+        }
+        self
     }
 }
 
-/// One reconcile of a pool, phase by phase (see the module's documentation).
+/// One reconcile of a pool, phase by phase (see the module's documentation): each phase takes
+/// what the one before returned.
 pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Result<Action, Error> {
     let pool = &*pool;
     let sight = match (P::claims_listed(&ctx), P::addresses_listed(&ctx)) {
@@ -194,12 +205,10 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         Err(problem) => (None, Some(problem)),
     };
     let mut timeline = Timeline::start();
-    let Some(mut observed) = read::observe(pool, &ctx, deleting, sight).await? else {
+    let Some(observed) = read::observe(pool, &ctx, deleting, sight).await? else {
         return Ok(Action::requeue(UNLISTED_RECHECK));
     };
-    let mut batch = plan::plan(pool, &observed, base.as_ref());
-    // Moved, not copied: a full pool names an object for every claim.
-    batch.named = std::mem::take(&mut observed.named);
+    let plan = plan::plan(pool, &observed, base.as_ref());
     timeline.mark("read");
     let round = Round {
         pool,
@@ -208,17 +217,31 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         base,
         spec_error,
     };
-    let reserved = commit::reserve(&round, &mut batch).await;
+    let plan::Plan {
+        first,
+        creates,
+        deletes,
+        unkept,
+        found,
+        shared,
+        holders,
+        told: planned,
+    } = plan;
+    let reclaimed = unkept.orphaned.len();
+    let reserved = commit::reserve(&round, first, found).await;
     timeline.mark("reserve");
-    let reclaimed = batch.orphaned.len();
-    apply::apply(&round, &mut batch, &reserved).await?;
+    let applied = apply::apply(&round, creates, deletes, unkept, &reserved).await?;
     timeline.mark("apply");
-    let done = commit::settle(&round, &mut batch, reserved).await;
+    let settled = commit::settle(&round, reserved, applied).await;
     timeline.mark("settle");
-    report::count(pool, &ctx, &batch, &done, &round.observed.claims);
-    let changed = report::Changed::of(&batch, reclaimed);
-    apply::adopt_addresses(&ctx, &mut batch).await?;
-    let action = report::report(&round, batch, done).await;
+    report::count(pool, &ctx, &settled, &round.observed.claims);
+    let changed = report::Changed::of(&settled, reclaimed);
+    let planned = report::Reported {
+        shared,
+        holders,
+        told: planned,
+    };
+    let action = report::report(&round, planned, settled).await;
     timeline.mark("report");
     changed.log(pool, &timeline);
     action

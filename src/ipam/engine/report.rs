@@ -2,6 +2,7 @@
 //! look at the pool again.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,9 +11,13 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 
-use super::commit::Transacted;
+use super::apply::adopt_addresses;
+use super::commit::Settled;
 use super::read::Selected;
-use super::{Batch, EXHAUSTED_RECHECK, ORPHAN_GRACE, Round, Sight, UNLISTED_RECHECK, in_parallel};
+use super::{
+    EXHAUSTED_RECHECK, Holder, Holding, ORPHAN_GRACE, Round, Sight, Told, UNLISTED_RECHECK,
+    in_parallel,
+};
 use crate::alloc;
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Report, fresh_pool_addresses};
@@ -27,17 +32,45 @@ use crate::ops::events::Reason;
 use crate::runtime::error::Error;
 use crate::runtime::objects;
 
-/// Report: claim finalizers and statuses, then (unless the pool is going) the pool's status,
-/// Events and when to look again. A ledger error waits until the releases are reported.
+/// What the plan leaves for the report beside what it told: the addresses held twice and who
+/// held what as the reconcile found it.
+pub(super) struct Reported {
+    pub(super) shared: Vec<SharedAddress>,
+    pub(super) holders: BTreeMap<Holder, IpAddr>,
+    pub(super) told: Told,
+}
+
+/// Report: existing objects adopted, claim finalizers and statuses, then (unless the pool is
+/// going) the pool's status, Events and when to look again. A ledger error waits until the
+/// releases are reported.
 pub(super) async fn report<P: PoolDialect>(
     round: &Round<'_, P>,
-    mut batch: Batch,
-    done: Transacted,
+    planned: Reported,
+    done: Settled,
 ) -> Result<Action, Error> {
     let (pool, ctx) = (round.pool, round.ctx);
     let spec_error = round.spec_error.as_deref();
     let key = pool.key();
-    let finished = std::mem::take(&mut batch.finished);
+    let Settled {
+        ledger,
+        usage,
+        first,
+        outcomes,
+        second,
+        ledger_error,
+        told,
+    } = done;
+    let mut told = planned.told.then(told);
+    let adoptions = std::mem::take(&mut told.adoptions);
+    adopt_addresses(ctx, adoptions, &mut told).await?;
+    let Told {
+        statuses,
+        finished,
+        holdings,
+        foreign,
+        next,
+        ..
+    } = told;
     finish_claims(
         ctx,
         &key,
@@ -46,34 +79,32 @@ pub(super) async fn report<P: PoolDialect>(
         P::claim_finalizer,
     )
     .await?;
-    let statuses = std::mem::take(&mut batch.statuses);
     write_statuses(ctx, &key, pool.object_ref(&()), statuses).await;
-    if let Some(e) = done.ledger_error {
+    if let Some(e) = ledger_error {
         return Err(e);
     }
     if round.observed.sight != Sight::Listed {
         // The pool's status (its counts, duplicates and overlaps) waits for the lists.
         tracing::debug!(pool = %key.describe(), sight = ?round.observed.sight, "claims served before every claim and address object was listed");
-        let next = batch
-            .next
-            .map_or(UNLISTED_RECHECK, |n| n.min(UNLISTED_RECHECK));
+        let next = next.map_or(UNLISTED_RECHECK, |n| n.min(UNLISTED_RECHECK));
         return Ok(Action::requeue(next));
     }
     if pool.meta().deletion_timestamp.is_some() {
         return finish_pool_deletion(pool, ctx).await;
     }
     let overlaps = overlapping_pools(pool, ctx);
+    let holders = hold(planned.holders, holdings);
     let report = Report {
-        usage: done.usage.as_ref(),
-        ledger: &done.ledger,
+        usage: usage.as_ref(),
+        ledger: &ledger,
         spec_error,
-        holders: &batch.holders,
-        shared: &batch.shared,
+        holders: &holders,
+        shared: &planned.shared,
         overlaps: &overlaps,
         reach: reach(pool, ctx),
     };
-    report_shared(pool, ctx, &batch.shared);
-    report_foreign(pool, ctx, &batch.foreign);
+    report_shared(pool, ctx, &planned.shared);
+    report_foreign(pool, ctx, &foreign);
     report_overlaps(pool, ctx, &overlaps);
     if let Some(patch) = pool.status_patch(&report) {
         let api = pool.api_for(ctx.client.clone());
@@ -85,9 +116,34 @@ pub(super) async fn report<P: PoolDialect>(
                 .publish(pool.object_ref(&()), Reason::InvalidSpec, note);
         }
     }
-    let next = next_check(&batch, &done, &round.observed.claims, ctx, &key);
+    let settled = Ledgered {
+        ledger: &ledger,
+        first: &first,
+        outcomes: &outcomes,
+        second: &second,
+    };
+    let next = next_check(next, settled, &round.observed.claims, ctx, &key);
     tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
     Ok(Action::requeue(next))
+}
+
+/// Who holds what after this reconcile: `found`, changed as the phases said.
+fn hold(mut found: BTreeMap<Holder, IpAddr>, holdings: Vec<Holding>) -> BTreeMap<Holder, IpAddr> {
+    for holding in holdings {
+        match holding {
+            Holding::Holds(holder, ip) => found.insert(holder, ip),
+            Holding::LetGo(holder) => found.remove(&holder),
+        };
+    }
+    found
+}
+
+/// What the two transactions left, as the last look at the pool reads it.
+pub(super) struct Ledgered<'d> {
+    ledger: &'d crate::ipam::ledger::Ledger,
+    first: &'d crate::ipam::ledger::Intent,
+    outcomes: &'d crate::ipam::dialect::Outcomes,
+    second: &'d crate::ipam::ledger::Intent,
 }
 
 /// How many namespaces `pool`'s selector selects, as the namespace cache shows them; a process
@@ -107,13 +163,7 @@ fn reach<P: PoolDialect>(pool: &P, ctx: &Context) -> Reach {
 }
 
 /// What the two transactions did, as metrics, with the claims left waiting.
-pub(super) fn count<P: PoolDialect>(
-    pool: &P,
-    ctx: &Context,
-    batch: &Batch,
-    done: &Transacted,
-    claims: &Selected,
-) {
+pub(super) fn count<P: PoolDialect>(pool: &P, ctx: &Context, done: &Settled, claims: &Selected) {
     let metrics = &ctx.ops.metrics;
     let waiting: Vec<&AnyClaim> = claims
         .live
@@ -129,10 +179,10 @@ pub(super) fn count<P: PoolDialect>(
         .map(|t| t.0.as_second() as f64)
         .reduce(f64::min);
     metrics.pool_pending(&pool_labels(&pool.key()), waiting.len(), oldest);
-    metrics.allocated(P::KIND.as_str(), batch.second.confirm.len());
-    let released = batch.second.release.len()
-        + batch.second.release_claims.len()
-        + batch.second.release_unbound.len();
+    metrics.allocated(P::KIND.as_str(), done.second.confirm.len());
+    let released = done.second.release.len()
+        + done.second.release_claims.len()
+        + done.second.release_unbound.len();
     metrics.released(P::KIND.as_str(), released);
     if let Some(usage) = &done.usage {
         metrics.pool_usage(&pool_labels(&pool.key()), &usage.counts);
@@ -148,12 +198,12 @@ pub(super) struct Changed {
 }
 
 impl Changed {
-    pub(super) fn of(batch: &Batch, reclaimed_objects: usize) -> Self {
+    pub(super) fn of(done: &Settled, reclaimed_objects: usize) -> Self {
         Self {
-            pending: batch.first.allocate.len(),
-            created: batch.second.confirm.len(),
-            released: batch.second.release_claims.len(),
-            reclaimed: batch.second.release_unbound.len() + reclaimed_objects,
+            pending: done.first.allocate.len(),
+            created: done.second.confirm.len(),
+            released: done.second.release_claims.len(),
+            reclaimed: done.second.release_unbound.len() + reclaimed_objects,
         }
     }
 
@@ -414,23 +464,23 @@ pub(super) fn claim_event(
 
 /// When to look at the pool again.
 pub(super) fn next_check(
-    batch: &Batch,
-    done: &Transacted,
+    told: Option<Duration>,
+    done: Ledgered<'_>,
     claims: &Selected,
     ctx: &Context,
     key: &PoolKey,
 ) -> Duration {
-    let outcomes = &done.outcomes;
-    let mut next = batch.next.unwrap_or(ctx.settings.sync_period);
+    let outcomes = done.outcomes;
+    let mut next = told.unwrap_or(ctx.settings.sync_period);
     let waiting = |refusal: fn(&Refusal) -> bool| {
         outcomes
             .values()
             .any(|o| o.as_ref().err().is_some_and(refusal))
     };
     let exhausted = waiting(|r| matches!(r, Refusal::Alloc(alloc::AllocError::Exhausted)));
-    let freed = !batch.second.release.is_empty()
-        || !batch.second.release_claims.is_empty()
-        || !batch.second.release_unbound.is_empty();
+    let freed = !done.second.release.is_empty()
+        || !done.second.release_claims.is_empty()
+        || !done.second.release_unbound.is_empty();
     if exhausted && freed {
         // Claims refused for exhaustion in the first transaction get what the second freed.
         next = next.min(Duration::from_millis(100));
@@ -455,7 +505,7 @@ pub(super) fn next_check(
             next = next.min(ledger::REBUILD_FENCE.saturating_sub(passed) + Duration::from_secs(1));
         }
     }
-    if !batch.first.release_unlanded.is_empty() || !done.ledger.pending.is_empty() {
+    if !done.first.release_unlanded.is_empty() || !done.ledger.pending.is_empty() {
         // A reservation left is completed by its claim's next reconcile, or, its claim gone,
         // freed once no create of it can land: whichever event comes, this one does.
         next = next.min(ledger::IN_FLIGHT_BOUND);
