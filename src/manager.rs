@@ -17,7 +17,7 @@ use crate::api::capi_pools::{
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool};
 use crate::endpoint;
-use crate::ipam::dialect::PoolDialect;
+use crate::ipam::dialect::{PoolDialect, PoolSpace};
 use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::kinds::{AnyAddress, AnyClaim};

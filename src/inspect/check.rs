@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use super::snapshot::{AnyPool, Snapshot};
-use crate::ipam::dialect::PoolDialect;
+use crate::ipam::dialect::PoolSpace;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
 
 /// Which invariant a finding breaks.

@@ -17,7 +17,7 @@ use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
 use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
-use crate::ipam::dialect::PoolDialect;
+use crate::ipam::dialect::PoolSpace;
 use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::AnyAddress;
 use crate::ipam::ledger::{LEDGER_LABEL, Ledger, POOL_ANNOTATION, POOL_UID_ANNOTATION};

@@ -10,7 +10,7 @@ use kube::api::{Api, ObjectMeta};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::dialect::{PoolDialect, Report};
+use super::dialect::{PoolSpace, PoolStatus, PoolWrites, Report};
 use super::duplicates;
 use super::key::PoolKind;
 use super::kinds::{AnyClaim, ClaimKind, NewAddress};
@@ -251,7 +251,7 @@ fn holding_back(
 
 /// The parts of [`PoolDialect`] both CAPI address pool kinds share.
 macro_rules! capi_dialect {
-    () => {
+    (space) => {
         fn space(&self) -> Result<AddressSpace, String> {
             AddressSpace::capi(&$crate::ipam::spec::capi_pool(self.pool_spec()))
                 .map_err(|e| e.to_string())
@@ -263,12 +263,14 @@ macro_rules! capi_dialect {
                 .filter(|s| *s > 0)
                 .map(|s| Duration::from_secs(s.unsigned_abs().into()))
         }
-
+    };
+    (writes) => {
         fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String> {
             capi_address(self, claim, lease, claim.name(), ADDRESS_FINALIZER)
                 .ok_or_else(|| format!("{} has no UID yet", claim.describe()))
         }
-
+    };
+    (status) => {
         fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
             status_patch(self.pool_status(), self.meta().generation, report, |a| {
                 a.to_string()
@@ -277,22 +279,28 @@ macro_rules! capi_dialect {
     };
 }
 
-impl PoolDialect for InClusterIPPool {
+impl PoolSpace for InClusterIPPool {
     const KIND: PoolKind = PoolKind::InClusterIPPool;
-    capi_dialect!();
+
+    capi_dialect!(space);
+}
+
+impl PoolWrites for InClusterIPPool {
+    capi_dialect!(writes);
 
     fn api_for(&self, client: Client) -> Api<Self> {
         Api::namespaced(client, &self.namespace().unwrap_or_default())
     }
 }
 
-impl PoolDialect for GlobalInClusterIPPool {
-    const KIND: PoolKind = PoolKind::GlobalInClusterIPPool;
-    capi_dialect!();
+impl PoolStatus for InClusterIPPool {
+    capi_dialect!(status);
+}
 
-    fn api_for(&self, client: Client) -> Api<Self> {
-        Api::all(client)
-    }
+impl PoolSpace for GlobalInClusterIPPool {
+    const KIND: PoolKind = PoolKind::GlobalInClusterIPPool;
+
+    capi_dialect!(space);
 
     /// Claims of any namespace share a global pool, so a preallocation names the claim's
     /// namespace: `<namespace>/<name>`; see [`global_preallocation_key`].
@@ -303,6 +311,18 @@ impl PoolDialect for GlobalInClusterIPPool {
     fn tenancy(&self) -> Result<super::tenancy::Tenancy, String> {
         super::tenancy::Tenancy::of(self.spec.namespace_selector.as_ref())
     }
+}
+
+impl PoolWrites for GlobalInClusterIPPool {
+    capi_dialect!(writes);
+
+    fn api_for(&self, client: Client) -> Api<Self> {
+        Api::all(client)
+    }
+}
+
+impl PoolStatus for GlobalInClusterIPPool {
+    capi_dialect!(status);
 }
 
 /// The key that names `claim` among a cluster-scoped pool's `preAllocations`: `<namespace>/<name>`,

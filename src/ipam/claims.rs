@@ -10,7 +10,7 @@ use kube::Resource;
 use kube::runtime::controller::Action;
 
 use super::Context;
-use super::dialect::{AddressKinds, PoolDialect, fresh_addresses};
+use super::dialect::{AddressKinds, PoolWrites, fresh_addresses};
 use super::key::{PoolKey, PoolKind};
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind};
 use crate::api::capi::{self, IPAddressClaim};
@@ -114,7 +114,7 @@ async fn tell_missing_pool(ctx: &Context, claim: &AnyClaim) -> Result<Action, Er
 /// The finalizers a claim of `kind` carries on a pool of `key`'s kind, and its address
 /// objects carry.
 fn finalizers(key: &PoolKey, kind: ClaimKind) -> (&'static str, &'static str) {
-    if key.kind == PoolKind::Metal3IPPool {
+    if key.kind.is_metal3() {
         (
             IPPool::claim_finalizer(kind),
             IPPool::address_finalizer(kind),
@@ -136,9 +136,9 @@ async fn release_orphan(ctx: &Context, claim: &AnyClaim) -> Result<Action, Error
         return Ok(Action::await_change());
     }
     let namespace = claim.namespace();
-    let kinds = match key.kind {
-        PoolKind::Metal3IPPool => AddressKinds::CapiAndMetal3,
-        _ => AddressKinds::Capi,
+    let kinds = match key.kind.is_metal3() {
+        true => AddressKinds::CapiAndMetal3,
+        false => AddressKinds::Capi,
     };
     let fresh = fresh_addresses(&ctx.client, Some(&namespace), kinds)
         .await

@@ -54,7 +54,7 @@ pub struct Report<'a> {
     pub ledger: &'a Ledger,
     pub spec_error: Option<&'a str>,
     /// Claim name → address, for the claims that hold one; empty unless the dialect's
-    /// [`PoolDialect::STATUS_NAMES_HOLDERS`].
+    /// [`PoolStatus::STATUS_NAMES_HOLDERS`].
     pub holders: &'a BTreeMap<(ClaimKind, Arc<str>), IpAddr>,
     /// Addresses the pool's objects hold for more than one claim.
     pub shared: &'a [SharedAddress],
@@ -64,9 +64,10 @@ pub struct Report<'a> {
     pub reach: super::tenancy::Reach,
 }
 
-/// What a pool kind brings to the engine. Everything here is synchronous and pure over the
+/// What a pool kind is: its kind and key, its address space and what its objects hold, and
+/// which claims and address objects are its. Everything here is synchronous and pure over the
 /// pool and the caches; the engine does the I/O.
-pub trait PoolDialect:
+pub trait PoolSpace:
     Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Serialize + Send + Sync + 'static
 {
     /// The pool's finalizer: Cluster API's, which every kind but Metal3's IPPool has.
@@ -79,9 +80,6 @@ pub trait PoolDialect:
     /// that has an object already meets it (409) whatever a cache shows, and the engine may
     /// serve new claims before the address objects are listed.
     const OBJECTS_NAMED_AFTER_CLAIMS: bool = true;
-    /// Whether the pool's status names every claim with its address ([`Report::holders`]):
-    /// Metal3's `status.allocations`. Other pools' reconciles do not gather them.
-    const STATUS_NAMES_HOLDERS: bool = false;
 
     fn key(&self) -> PoolKey {
         PoolKey {
@@ -90,8 +88,6 @@ pub trait PoolDialect:
             name: self.name_any(),
         }
     }
-    /// An API through which this very object is read and patched.
-    fn api_for(&self, client: Client) -> Api<Self>;
     /// Where the pool's ledger lives: beside a namespaced pool, in the ledger namespace for a
     /// cluster-scoped one.
     fn ledger_namespace(&self, ctx: &Context) -> String {
@@ -152,10 +148,6 @@ pub trait PoolDialect:
     fn paused_by_cluster(&self, _ctx: &Context) -> bool {
         false
     }
-    /// A metadata patch the pool needs (labels and owners for its Cluster), if any.
-    fn metadata_patch(&self, _ctx: &Context) -> Option<serde_json::Value> {
-        None
-    }
     /// The claims naming this pool: by default the IPAddressClaims whose `poolRef` names it,
     /// as the Cluster API contract has it.
     fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
@@ -167,14 +159,6 @@ pub trait PoolDialect:
     fn arriving_claims(&self, ctx: &Context) -> Vec<AnyClaim> {
         let key = self.key();
         of_pool(ctx.claims.arrivals_of(key.namespace.as_deref()), &key)
-    }
-    /// The claim finalizer, per claim kind (by default the Cluster API contract's).
-    fn claim_finalizer(_kind: ClaimKind) -> &'static str {
-        capi_pools::CLAIM_FINALIZER
-    }
-    /// The address finalizer, per claim kind (by default the Cluster API contract's).
-    fn address_finalizer(_kind: ClaimKind) -> &'static str {
-        capi_pools::ADDRESS_FINALIZER
     }
     /// The pool's address objects, from the caches or `fresh` (read from the server): by
     /// default the IPAddresses whose `poolRef` names it.
@@ -190,6 +174,29 @@ pub trait PoolDialect:
             None => cached_addresses(&ctx.addresses, &key),
         }
     }
+    /// The `preAllocations` key that names `claim`.
+    fn preallocation_key(&self, claim: &AnyClaim) -> String {
+        claim.name()
+    }
+}
+
+/// How a pool kind's objects are named and written: the pool itself, its address objects, and
+/// the finalizers on them.
+pub trait PoolWrites: PoolSpace {
+    /// An API through which this very object is read and patched.
+    fn api_for(&self, client: Client) -> Api<Self>;
+    /// A metadata patch the pool needs (labels and owners for its Cluster), if any.
+    fn metadata_patch(&self, _ctx: &Context) -> Option<serde_json::Value> {
+        None
+    }
+    /// The claim finalizer, per claim kind (by default the Cluster API contract's).
+    fn claim_finalizer(_kind: ClaimKind) -> &'static str {
+        capi_pools::CLAIM_FINALIZER
+    }
+    /// The address finalizer, per claim kind (by default the Cluster API contract's).
+    fn address_finalizer(_kind: ClaimKind) -> &'static str {
+        capi_pools::ADDRESS_FINALIZER
+    }
     /// The address object `claim` gets for `lease`, or why none can be written.
     fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String>;
     /// Why no address object of `family` could be written for `claim` (an invalid name), found
@@ -197,12 +204,6 @@ pub trait PoolDialect:
     fn address_name_problem(&self, _claim: &AnyClaim, _family: alloc::Family) -> Option<String> {
         None
     }
-    /// The `preAllocations` key that names `claim`.
-    fn preallocation_key(&self, claim: &AnyClaim) -> String {
-        claim.name()
-    }
-    /// The pool's status patch from `report`, or `None` when nothing changed.
-    fn status_patch(&self, report: &Report) -> Option<serde_json::Value>;
     /// The metadata an existing IPAddress of a CAPI `claim` must carry (owners, finalizer,
     /// cluster label), as [`Self::new_address`] writes it: an object made by hand or restored
     /// from a backup is given them, as upstream does. `None` for Metal3 claims.
@@ -223,6 +224,21 @@ pub trait PoolDialect:
         }
     }
 }
+
+/// How a pool kind reports its status.
+pub trait PoolStatus: PoolSpace {
+    /// Whether the pool's status names every claim with its address ([`Report::holders`]):
+    /// Metal3's `status.allocations`. Other pools' reconciles do not gather them.
+    const STATUS_NAMES_HOLDERS: bool = false;
+    /// The pool's status patch from `report`, or `None` when nothing changed.
+    fn status_patch(&self, report: &Report) -> Option<serde_json::Value>;
+}
+
+/// Everything a pool kind brings to the engine: what it is, how its objects are written and how
+/// its status is reported. Every type with the three is one.
+pub trait PoolDialect: PoolSpace + PoolWrites + PoolStatus {}
+
+impl<T: PoolSpace + PoolWrites + PoolStatus> PoolDialect for T {}
 
 /// The claims of `cache` that name the pool `key` (a namespaced pool is named only from its
 /// own namespace: only that one is read).

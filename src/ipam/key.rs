@@ -80,6 +80,20 @@ impl PoolKind {
             PoolKind::InClusterPrefixPool | PoolKind::GlobalInClusterPrefixPool
         )
     }
+
+    /// Metal3's own kind: its claims and address objects may be Metal3 IPClaims and
+    /// IPAddresses too, and its group is served only where Metal3's CRDs are.
+    pub fn is_metal3(self) -> bool {
+        self.group() == metal3_ipam::GROUP
+    }
+
+    /// The version of the kind the API server stores, which bitpool reads it at.
+    pub fn stored_version(self) -> &'static str {
+        match self.is_metal3() {
+            true => "v1alpha1",
+            false => "v1alpha2",
+        }
+    }
 }
 
 impl fmt::Display for PoolKind {

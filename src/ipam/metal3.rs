@@ -16,7 +16,8 @@ use serde_json::json;
 use super::Context;
 use super::capi;
 use super::dialect::{
-    AddressKinds, FreshAddresses, PoolDialect, Report, cached_addresses, cached_claims,
+    AddressKinds, FreshAddresses, PoolSpace, PoolStatus, PoolWrites, Report, cached_addresses,
+    cached_claims,
 };
 use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, ClaimKind, NewAddress};
@@ -86,17 +87,15 @@ impl IPPool {
     }
 }
 
-impl PoolDialect for IPPool {
+impl PoolSpace for IPPool {
     const KIND: PoolKind = PoolKind::Metal3IPPool;
+
     const ADDRESS_KINDS: AddressKinds = AddressKinds::CapiAndMetal3;
+
     // `<namePrefix>-<address>`, as upstream names them.
     const OBJECTS_NAMED_AFTER_CLAIMS: bool = false;
-    const STATUS_NAMES_HOLDERS: bool = true;
-    const FINALIZER: &'static str = POOL_FINALIZER;
 
-    fn api_for(&self, client: Client) -> Api<Self> {
-        Api::namespaced(client, &self.namespace().unwrap_or_default())
-    }
+    const FINALIZER: &'static str = POOL_FINALIZER;
 
     fn space(&self) -> Result<AddressSpace, String> {
         AddressSpace::metal3(&spec::metal3_pool(&self.spec)).map_err(|e| e.to_string())
@@ -114,6 +113,34 @@ impl PoolDialect for IPPool {
     fn paused_by_cluster(&self, ctx: &Context) -> bool {
         self.cluster(ctx)
             .is_some_and(|c| objects::cluster_is_paused(&c))
+    }
+
+    fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
+        let key = self.key();
+        let mut claims = cached_claims(&ctx.ipclaims, &key);
+        claims.extend(cached_claims(&ctx.claims, &key));
+        claims
+    }
+
+    fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
+        let key = self.key();
+        match fresh {
+            Some(fresh) => (fresh.metal3.iter().chain(&fresh.capi))
+                .filter(|a| a.is_of(&key))
+                .cloned()
+                .collect(),
+            None => {
+                let mut all = cached_addresses(&ctx.metal3_addresses, &key);
+                all.extend(cached_addresses(&ctx.addresses, &key));
+                all
+            }
+        }
+    }
+}
+
+impl PoolWrites for IPPool {
+    fn api_for(&self, client: Client) -> Api<Self> {
+        Api::namespaced(client, &self.namespace().unwrap_or_default())
     }
 
     /// A pool that names its Cluster carries the cluster-name and provider labels and is owned
@@ -144,13 +171,6 @@ impl PoolDialect for IPPool {
         (!patch.is_empty()).then(|| json!({ "metadata": patch }))
     }
 
-    fn claims(&self, ctx: &Context) -> Vec<AnyClaim> {
-        let key = self.key();
-        let mut claims = cached_claims(&ctx.ipclaims, &key);
-        claims.extend(cached_claims(&ctx.claims, &key));
-        claims
-    }
-
     fn claim_finalizer(kind: ClaimKind) -> &'static str {
         match kind {
             ClaimKind::Metal3 => CLAIM_FINALIZER,
@@ -162,21 +182,6 @@ impl PoolDialect for IPPool {
         match kind {
             ClaimKind::Metal3 => ADDRESS_FINALIZER,
             ClaimKind::Capi => CAPI_ADDRESS_FINALIZER,
-        }
-    }
-
-    fn addresses(&self, ctx: &Context, fresh: Option<&FreshAddresses>) -> Vec<AnyAddress> {
-        let key = self.key();
-        match fresh {
-            Some(fresh) => (fresh.metal3.iter().chain(&fresh.capi))
-                .filter(|a| a.is_of(&key))
-                .cloned()
-                .collect(),
-            None => {
-                let mut all = cached_addresses(&ctx.metal3_addresses, &key);
-                all.extend(cached_addresses(&ctx.addresses, &key));
-                all
-            }
         }
     }
 
@@ -217,6 +222,10 @@ impl PoolDialect for IPPool {
             }
         }
     }
+}
+
+impl PoolStatus for IPPool {
+    const STATUS_NAMES_HOLDERS: bool = true;
 
     /// `status.indexes` (claim name → address) and `lastUpdated`, changed only when the
     /// allocations change. A CAPI claim named like a Metal3 claim of the pool is listed as

@@ -12,7 +12,7 @@ use kube::api::Api;
 use kube::{Client, Resource, ResourceExt};
 
 use super::capi::{capi_address, global_preallocation_key, status_patch};
-use super::dialect::{PoolDialect, Report};
+use super::dialect::{PoolSpace, PoolStatus, PoolWrites, Report};
 use super::key::PoolKind;
 use super::kinds::{AnyAddress, AnyClaim, NewAddress};
 use super::ledger::intent::Refusal;
@@ -96,7 +96,7 @@ impl PrefixPool for GlobalInClusterPrefixPool {
 
 /// The parts of [`PoolDialect`] both prefix pool kinds share.
 macro_rules! prefix_dialect {
-    () => {
+    (space) => {
         /// Sub-prefix numbers mean something only at one length: a ledger written at another
         /// (the length changed without the webhook) is rebuilt from the address objects.
         fn ledger_identity(&self) -> String {
@@ -147,7 +147,8 @@ macro_rules! prefix_dialect {
         fn explain(&self, refusal: Refusal) -> Refusal {
             explain(self.pool_spec(), refusal)
         }
-
+    };
+    (writes) => {
         /// The sub-prefix's network address and length, and the pool's gateway as written.
         fn new_address(&self, claim: &AnyClaim, lease: &Lease) -> Result<NewAddress, String> {
             let numbering = numbering(self.pool_spec(), Family::of(lease.address));
@@ -162,7 +163,8 @@ macro_rules! prefix_dialect {
             }
             Ok(object)
         }
-
+    };
+    (status) => {
         fn status_patch(&self, report: &Report) -> Option<serde_json::Value> {
             let spec = self.pool_spec();
             status_patch(self.pool_status(), self.meta().generation, report, |held| {
@@ -172,22 +174,28 @@ macro_rules! prefix_dialect {
     };
 }
 
-impl PoolDialect for InClusterPrefixPool {
+impl PoolSpace for InClusterPrefixPool {
     const KIND: PoolKind = PoolKind::InClusterPrefixPool;
-    prefix_dialect!();
+
+    prefix_dialect!(space);
+}
+
+impl PoolWrites for InClusterPrefixPool {
+    prefix_dialect!(writes);
 
     fn api_for(&self, client: Client) -> Api<Self> {
         Api::namespaced(client, &self.namespace().unwrap_or_default())
     }
 }
 
-impl PoolDialect for GlobalInClusterPrefixPool {
-    const KIND: PoolKind = PoolKind::GlobalInClusterPrefixPool;
-    prefix_dialect!();
+impl PoolStatus for InClusterPrefixPool {
+    prefix_dialect!(status);
+}
 
-    fn api_for(&self, client: Client) -> Api<Self> {
-        Api::all(client)
-    }
+impl PoolSpace for GlobalInClusterPrefixPool {
+    const KIND: PoolKind = PoolKind::GlobalInClusterPrefixPool;
+
+    prefix_dialect!(space);
 
     /// As for GlobalInClusterIPPool.
     fn preallocation_key(&self, claim: &AnyClaim) -> String {
@@ -197,6 +205,18 @@ impl PoolDialect for GlobalInClusterPrefixPool {
     fn tenancy(&self) -> Result<super::tenancy::Tenancy, String> {
         super::tenancy::Tenancy::of(self.spec.namespace_selector.as_ref())
     }
+}
+
+impl PoolWrites for GlobalInClusterPrefixPool {
+    prefix_dialect!(writes);
+
+    fn api_for(&self, client: Client) -> Api<Self> {
+        Api::all(client)
+    }
+}
+
+impl PoolStatus for GlobalInClusterPrefixPool {
+    prefix_dialect!(status);
 }
 
 #[cfg(test)]

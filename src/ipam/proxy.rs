@@ -17,7 +17,7 @@ use serde_json::json;
 
 use super::Context;
 use super::capi::OVERLAP_CONDITION;
-use super::dialect::PoolDialect;
+use super::dialect::PoolSpace;
 use super::engine;
 use super::kinds::{AnyAddress, AnyClaim, Created, NewAddress, Outcome};
 use super::ledger::intent;

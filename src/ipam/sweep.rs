@@ -64,9 +64,9 @@ async fn sweep(ctx: &Context) -> Result<usize, Error> {
         let Some(pool) = pool_of(&ledger.metadata) else {
             continue;
         };
-        let served = match pool.kind {
-            PoolKind::Metal3IPPool => ctx.settings.groups.metal3_pools(),
-            _ => ctx.settings.groups.capi_ipam,
+        let served = match pool.kind.is_metal3() {
+            true => ctx.settings.groups.metal3_pools(),
+            false => ctx.settings.groups.capi_ipam,
         };
         if !served || ctx.pool_exists(&pool) || exists(ctx, &pool).await? {
             continue;
@@ -94,10 +94,7 @@ async fn sweep(ctx: &Context) -> Result<usize, Error> {
 
 /// Whether the server has the pool (a fresh read: the cache may lag a pool just created).
 async fn exists(ctx: &Context, pool: &PoolKey) -> Result<bool, Error> {
-    let version = match pool.kind {
-        PoolKind::Metal3IPPool => "v1alpha1",
-        _ => "v1alpha2",
-    };
+    let version = pool.kind.stored_version();
     let gvk = GroupVersionKind::gvk(pool.kind.group(), version, pool.kind.as_str());
     let resource = ApiResource::from_gvk_with_plural(&gvk, pool.kind.plural());
     let api: Api<DynamicObject> = match &pool.namespace {

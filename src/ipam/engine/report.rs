@@ -20,7 +20,7 @@ use super::{
 };
 use crate::alloc;
 use crate::ipam::Context;
-use crate::ipam::dialect::{PoolDialect, Report, fresh_pool_addresses};
+use crate::ipam::dialect::{PoolDialect, PoolSpace, Report, fresh_pool_addresses};
 use crate::ipam::duplicates::{self, SharedAddress};
 use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
@@ -148,7 +148,7 @@ pub(super) struct Ledgered<'d> {
 
 /// How many namespaces `pool`'s selector selects, as the namespace cache shows them; a process
 /// that watches one namespace cannot say.
-fn reach<P: PoolDialect>(pool: &P, ctx: &Context) -> Reach {
+fn reach<P: PoolSpace>(pool: &P, ctx: &Context) -> Reach {
     // An invalid selector is the pool's InvalidSpec; no selector, no condition (and no walk
     // over the namespaces on every reconcile of every pool).
     let tenancy = match pool.tenancy() {
@@ -208,7 +208,7 @@ impl Changed {
     }
 
     /// One line for a reconcile that changed something, with where its time went.
-    pub(super) fn log<P: PoolDialect>(&self, pool: &P, timeline: &super::Timeline) {
+    pub(super) fn log<P: PoolSpace>(&self, pool: &P, timeline: &super::Timeline) {
         let changed = self.pending + self.created + self.released + self.reclaimed;
         if changed > 0 {
             tracing::info!(
@@ -226,7 +226,7 @@ impl Changed {
 
 /// Says so when the pool's objects hold an address for more than one claim: the log, an Event
 /// and the metric (the status says it too, where the pool kind has conditions).
-pub(super) fn report_shared<P: PoolDialect>(pool: &P, ctx: &Context, shared: &[SharedAddress]) {
+pub(super) fn report_shared<P: PoolSpace>(pool: &P, ctx: &Context, shared: &[SharedAddress]) {
     ctx.ops
         .metrics
         .pool_duplicated(&pool_labels(&pool.key()), shared.len());
@@ -242,7 +242,7 @@ pub(super) fn report_shared<P: PoolDialect>(pool: &P, ctx: &Context, shared: &[S
 
 /// Says so when address objects name the pool with addresses it did not hand out (made by hand,
 /// or by another provider): the log and an Event. Nothing is adopted, fenced or freed for them.
-pub(super) fn report_foreign<P: PoolDialect>(pool: &P, ctx: &Context, foreign: &[AnyAddress]) {
+pub(super) fn report_foreign<P: PoolSpace>(pool: &P, ctx: &Context, foreign: &[AnyAddress]) {
     let named: BTreeMap<String, String> = foreign
         .iter()
         .filter_map(|a| Some((a.describe(), pool.show(pool.held(a)?))))
@@ -261,7 +261,7 @@ pub(super) fn report_foreign<P: PoolDialect>(pool: &P, ctx: &Context, foreign: &
 }
 
 /// The pools of one kind that hand out addresses, by key, from their cache.
-pub fn covered_pools<Q: PoolDialect>(
+pub fn covered_pools<Q: PoolSpace>(
     store: &Store<Q>,
 ) -> impl Iterator<Item = (PoolKey, Covered)> + use<Q> {
     store
@@ -272,7 +272,7 @@ pub fn covered_pools<Q: PoolDialect>(
 }
 
 /// Other pools, of every kind, whose addresses meet this one's (from the caches).
-pub(super) fn overlapping_pools<P: PoolDialect>(pool: &P, ctx: &Context) -> Vec<Overlap> {
+pub(super) fn overlapping_pools<P: PoolSpace>(pool: &P, ctx: &Context) -> Vec<Overlap> {
     let Some(own) = pool.covered() else {
         return Vec::new();
     };
@@ -289,7 +289,7 @@ pub(super) fn overlapping_pools<P: PoolDialect>(pool: &P, ctx: &Context) -> Vec<
 
 /// Says so when the pool meets others: an Event and the metric (and the status, where the
 /// pool kind has conditions).
-pub(super) fn report_overlaps<P: PoolDialect>(pool: &P, ctx: &Context, overlaps: &[Overlap]) {
+pub(super) fn report_overlaps<P: PoolSpace>(pool: &P, ctx: &Context, overlaps: &[Overlap]) {
     ctx.ops
         .metrics
         .pool_overlaps(&pool_labels(&pool.key()), overlaps.len());

@@ -9,7 +9,7 @@ use kube::{Client, ResourceExt};
 
 use super::record::{LEDGER_LABEL, Ledger, POOL_ANNOTATION, POOL_UID_ANNOTATION};
 use crate::ipam::context::Context;
-use crate::ipam::dialect::PoolDialect;
+use crate::ipam::dialect::{PoolDialect, PoolSpace};
 use crate::runtime::error::{Error, Verb, object_of};
 use crate::runtime::objects;
 
@@ -212,7 +212,7 @@ impl LedgerRef {
 }
 
 /// Where `pool`'s ledger lives.
-pub fn ledger_of<P: PoolDialect>(pool: &P, ctx: &Context) -> LedgerRef {
+pub fn ledger_of<P: PoolSpace>(pool: &P, ctx: &Context) -> LedgerRef {
     let kind = P::kind(&());
     // An owner must live in the same namespace or be cluster-scoped.
     let owner = pool

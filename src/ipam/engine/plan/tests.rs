@@ -12,6 +12,7 @@ use crate::api::capi::{
     IPPoolReference, LocalObjectName,
 };
 use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
+use crate::ipam::dialect::PoolSpace;
 use crate::ipam::engine::Sight;
 use crate::ipam::engine::read::{Outside, index_by_claim};
 
