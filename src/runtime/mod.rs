@@ -19,6 +19,8 @@ pub mod cached;
 pub mod context;
 pub mod controller;
 pub mod error;
+#[cfg(test)]
+pub mod fake_api;
 pub mod index;
 pub mod intern;
 pub mod lean;

@@ -247,3 +247,6 @@ pub async fn commit<P: PoolDialect>(
         attempts: LEDGER_ATTEMPTS,
     })
 }
+
+#[cfg(test)]
+mod tests;
