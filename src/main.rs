@@ -1,3 +1,5 @@
+//! The `bitpool` command: parses the command line and runs it (see [`bitpool::cli`]).
+
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};

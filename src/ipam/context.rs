@@ -63,6 +63,7 @@ impl AsRef<runtime::Context> for Context {
 }
 
 impl Context {
+    /// The engine's context around the runtime's, remembering nothing yet.
     pub fn new(shared: Arc<runtime::Context>) -> Self {
         Self {
             shared,
@@ -88,16 +89,19 @@ impl Context {
             .then_some(cached.space)
     }
 
+    /// Keeps `cached` as `key`'s space for the next reconcile.
     pub fn keep_space(&self, key: &PoolKey, cached: CachedSpace) {
         if let Ok(mut spaces) = self.memory.spaces.lock() {
             spaces.insert(key.clone(), cached);
         }
     }
 
+    /// Since when the pool `key` has held addresses no object explains, if it does.
     pub fn orphan_watch(&self, key: &PoolKey) -> Option<Instant> {
         self.memory.orphan_since.lock().ok()?.get(key).copied()
     }
 
+    /// Since when the pool `key` has held addresses no object explains, starting now if it did not.
     pub fn orphan_watch_start(&self, key: &PoolKey) -> Instant {
         match self.memory.orphan_since.lock() {
             Ok(mut map) => *map.entry(key.clone()).or_insert_with(Instant::now),
@@ -141,6 +145,7 @@ impl Context {
         (at.elapsed() < DELETED_MEMORY).then(|| name.clone())
     }
 
+    /// The pool `key` holds no unexplained address any more.
     pub fn forget_orphans(&self, key: &PoolKey) {
         if let Ok(mut map) = self.memory.orphan_since.lock() {
             map.remove(key);

@@ -33,6 +33,7 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// What the status reports of `space`.
     pub fn of(space: &AddressSpace) -> Self {
         let counts = space.counts();
         let outside = if counts.out_of_range > 0 {
@@ -324,6 +325,7 @@ pub async fn listed_addresses(
     })
 }
 
+/// `pool`'s address objects, read from the server rather than a cache.
 pub async fn fresh_pool_addresses<P: PoolDialect>(
     pool: &P,
     ctx: &Context,

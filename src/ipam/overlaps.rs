@@ -14,6 +14,7 @@ pub struct Covered {
 }
 
 impl Covered {
+    /// The addresses `space` hands out.
     pub fn of_space(space: &AddressSpace) -> Self {
         Self {
             family: space.family(),

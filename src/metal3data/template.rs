@@ -80,6 +80,7 @@ where
         .collect()
 }
 
+/// Reconciles a Metal3DataTemplate: its finalizer, its index of Metal3Datas, and its status.
 pub async fn reconcile(
     template: Arc<Metal3DataTemplate>,
     ctx: Arc<Context>,

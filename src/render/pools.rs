@@ -31,6 +31,7 @@ pub struct PoolReference {
 }
 
 impl PoolReference {
+    /// A reference as a template gives it: an empty group or kind means Metal3's IPPool.
     pub fn new(api_group: Option<&str>, kind: &str, name: &str) -> Self {
         let api_group = api_group.filter(|g| !g.is_empty());
         let kind = Some(kind).filter(|k| !k.is_empty());
@@ -41,10 +42,12 @@ impl PoolReference {
         }
     }
 
+    /// A Metal3 IPPool named `name`.
     pub fn metal3(name: &str) -> Self {
         Self::new(None, "", name)
     }
 
+    /// Which kind of pool it names.
     pub fn kind(&self) -> PoolKind {
         if self.api_group == metal3_ipam::GROUP && self.kind == "IPPool" {
             PoolKind::Metal3

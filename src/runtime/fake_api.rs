@@ -11,12 +11,25 @@ use kube::client::Body;
 use kube::runtime::reflector::Store;
 use tokio::task::JoinHandle;
 
+use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Groups, Settings};
-use super::index::Index;
+use super::index::{Index, Watched};
+use crate::api::capi::{IPAddress, IPAddressClaim};
+use crate::api::metal3_ipam::{IPClaim, Metal3IPAddress};
 use crate::ops::Ops;
 use crate::ops::events::Events;
 use crate::ops::lease::Leadership;
 use crate::ops::metrics::Metrics;
+
+/// What the fake server answers a call with.
+pub enum Answer {
+    /// This object.
+    Json(serde_json::Value),
+    /// The object the call sent, as a server stores it: with a UID and a new resourceVersion.
+    Stored,
+    /// The object the last [`Answer::Stored`] call stored under the call's path.
+    LastStored,
+}
 
 /// One call the fake server expects, and what it answers.
 pub struct Exchange {
@@ -25,17 +38,22 @@ pub struct Exchange {
     /// A part of the request's path and query that names what is asked for.
     pub path: String,
     pub status: u16,
-    pub body: serde_json::Value,
+    pub answer: Answer,
 }
 
 impl Exchange {
     /// `method` on `path` answered with `status` and `body`.
     pub fn new(method: &'static str, path: &str, status: u16, body: serde_json::Value) -> Self {
+        Self::answer(method, path, status, Answer::Json(body))
+    }
+
+    /// `method` on `path` answered with `status` and `answer`.
+    pub fn answer(method: &'static str, path: &str, status: u16, answer: Answer) -> Self {
         Self {
             method,
             path: path.to_string(),
             status,
-            body,
+            answer,
         }
     }
 
@@ -62,7 +80,9 @@ pub fn serve(script: Vec<Exchange>) -> (Client, JoinHandle<Vec<Seen>>) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let server = tokio::spawn(async move {
         let mut seen = Vec::new();
-        for exchange in script {
+        // What the Stored calls stored, by the path that reads it back.
+        let mut stored = std::collections::HashMap::<String, serde_json::Value>::new();
+        for (version, exchange) in (100..).zip(script) {
             let Some((request, respond)) = handle.next_request().await else {
                 panic!(
                     "the client went before {} {}",
@@ -70,6 +90,7 @@ pub fn serve(script: Vec<Exchange>) -> (Client, JoinHandle<Vec<Seen>>) {
                 );
             };
             let call = format!("{} {}", request.method(), request.uri());
+            let path = request.uri().path().to_string();
             let bytes = http_body_util::BodyExt::collect(request.into_body())
                 .await
                 .map(|b| b.to_bytes())
@@ -81,9 +102,28 @@ pub fn serve(script: Vec<Exchange>) -> (Client, JoinHandle<Vec<Seen>>) {
                 exchange.method,
                 exchange.path
             );
+            let answer = match exchange.answer {
+                Answer::Json(answer) => answer,
+                Answer::Stored => {
+                    let mut object = body.clone();
+                    object["metadata"]["resourceVersion"] = version.to_string().into();
+                    let uid = object["metadata"]["uid"].as_str().unwrap_or("stored-uid");
+                    object["metadata"]["uid"] = uid.to_string().into();
+                    let read_at = match call.starts_with("POST") {
+                        true => format!(
+                            "{path}/{}",
+                            object["metadata"]["name"].as_str().unwrap_or_default()
+                        ),
+                        false => path.clone(),
+                    };
+                    stored.insert(read_at, object.clone());
+                    object
+                }
+                Answer::LastStored => stored.get(&path).cloned().unwrap_or_default(),
+            };
             let answer = Response::builder()
                 .status(StatusCode::from_u16(exchange.status).unwrap_or(StatusCode::OK))
-                .body(Body::from(exchange.body.to_string().into_bytes()))
+                .body(Body::from(answer.to_string().into_bytes()))
                 .unwrap_or_else(|e| panic!("a response: {e}"));
             respond.send_response(answer);
             seen.push(Seen { call, body });
@@ -96,6 +136,30 @@ pub fn serve(script: Vec<Exchange>) -> (Client, JoinHandle<Vec<Seen>>) {
 /// A cache that stays empty.
 fn empty<K: kube::Resource<DynamicType = ()> + Clone + 'static>() -> Store<K> {
     kube::runtime::reflector::store().0
+}
+
+/// What every reconcile shares, around `client`, with every cache listed and empty but the
+/// IPAddressClaims' and IPAddresses', which hold `claims` and `addresses`, and every group on.
+pub fn context_with(
+    client: Client,
+    claims: Vec<IPAddressClaim>,
+    addresses: Vec<IPAddress>,
+) -> Context {
+    let listed_claims = Watched::new(ClaimObject::of_capi);
+    listed_claims.load(claims);
+    let listed_addresses = Watched::new(AddressObject::of_capi);
+    listed_addresses.load(addresses);
+    let ipclaims = Watched::<IPClaim, _>::new(ClaimObject::of_metal3);
+    ipclaims.load([]);
+    let metal3_addresses = Watched::<Metal3IPAddress, _>::new(AddressObject::of_metal3);
+    metal3_addresses.load([]);
+    Context {
+        claims: listed_claims.index.clone(),
+        addresses: listed_addresses.index.clone(),
+        ipclaims: ipclaims.index.clone(),
+        metal3_addresses: metal3_addresses.index.clone(),
+        ..context(client)
+    }
 }
 
 /// What every reconcile shares, around `client`, with every cache empty and every group on.

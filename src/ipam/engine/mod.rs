@@ -29,6 +29,9 @@ mod report;
 pub(crate) use read::age;
 pub use report::covered_pools;
 
+#[cfg(test)]
+mod scenarios;
+
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;

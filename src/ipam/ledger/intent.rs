@@ -41,6 +41,7 @@ pub struct Request {
     pub preallocation_key: String,
 }
 
+/// What one transaction asks of the ledger; [`apply`] says what it leaves.
 #[derive(Clone, Debug, Default)]
 pub struct Intent {
     /// Claims without an IPAddress: each gets its reserved address, or a new one.
@@ -109,6 +110,7 @@ impl Found {
 }
 
 impl Intent {
+    /// Whether the transaction asks nothing.
     pub fn is_empty(&self) -> bool {
         self.allocate.is_empty()
             && self.bind.is_empty()

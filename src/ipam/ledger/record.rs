@@ -104,6 +104,7 @@ impl Reservation {
 pub struct PendingRoom(usize);
 
 impl PendingRoom {
+    /// The room `ledger`'s reservations leave.
     pub fn of(ledger: &Ledger) -> Self {
         let used: usize = ledger
             .pending
@@ -128,6 +129,7 @@ impl PendingRoom {
     }
 }
 
+/// A pool's record: its allocated addresses by family, its reservations, and its fence.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ledger {
     pub v4: AddressSet,
@@ -147,6 +149,7 @@ pub struct Ledger {
 }
 
 impl Ledger {
+    /// A ledger holding `addresses`, with no reservation.
     pub fn from_addresses(addresses: impl IntoIterator<Item = IpAddr>) -> Self {
         let mut ledger = Self::default();
         for address in addresses {
@@ -182,6 +185,7 @@ impl Ledger {
             .remove(family::to_value(address))
     }
 
+    /// Whether `address` is allocated.
     pub fn contains(&self, address: IpAddr) -> bool {
         self.set(Family::of(address))
             .contains(family::to_value(address))
@@ -197,6 +201,7 @@ impl Ledger {
         self.v4.len() + self.v6.len()
     }
 
+    /// Whether no address is allocated.
     pub fn is_empty(&self) -> bool {
         self.v4.is_empty() && self.v6.is_empty()
     }
@@ -224,6 +229,7 @@ impl Ledger {
             .filter_map(|(a, r)| a.parse().ok().map(|a| (a, r)))
     }
 
+    /// Reserves `address` for the claim of `reservation`.
     pub fn reserve(&mut self, address: IpAddr, reservation: Reservation) {
         self.insert(address);
         self.pending.insert(address.to_string(), reservation);
@@ -273,6 +279,7 @@ impl Ledger {
         (now < until).then(|| until.to_string())
     }
 
+    /// The ledger as its ConfigMap holds it, with `meta`.
     pub fn to_config_map(&self, meta: ObjectMeta) -> ConfigMap {
         let mut data = BTreeMap::from([(FORMAT_KEY.to_string(), FORMAT.to_string())]);
         // A BTreeMap of plain strings always serializes.
@@ -300,6 +307,7 @@ impl Ledger {
         }
     }
 
+    /// The ledger a ConfigMap holds, or why it holds none this release can read.
     pub fn from_config_map(config_map: &ConfigMap) -> Result<Self, String> {
         let data = config_map.data.clone().unwrap_or_default();
         let binary = config_map.binary_data.clone().unwrap_or_default();

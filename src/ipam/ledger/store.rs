@@ -80,6 +80,7 @@ pub fn ledger_name(kind: &str, namespace: Option<&str>, pool_name: &str) -> Stri
 }
 
 impl LedgerRef {
+    /// Where the ledger of pool `kind` `pool_namespace/pool_name` lives, for the pool of UID `pool_uid`.
     pub fn new(
         client: kube::Client,
         ledger_namespace: &str,
@@ -100,6 +101,7 @@ impl LedgerRef {
         }
     }
 
+    /// The ledger's ConfigMap, as people read its name.
     pub fn describe(&self) -> String {
         format!("ConfigMap {}/{}", self.namespace, self.name)
     }
