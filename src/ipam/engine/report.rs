@@ -103,19 +103,8 @@ pub(super) async fn report<P: PoolDialect>(
         overlaps: &overlaps,
         reach: reach(pool, ctx),
     };
-    report_shared(pool, ctx, &planned.shared);
     report_foreign(pool, ctx, &foreign);
-    report_overlaps(pool, ctx, &overlaps);
-    if let Some(patch) = pool.status_patch(&report) {
-        let api = pool.api_for(ctx.client.clone());
-        objects::merge_status(&api, &pool.name_any(), patch).await?;
-        if let Some(problem) = spec_error {
-            let note = format!("the pool hands out no address: {problem}");
-            ctx.ops
-                .events
-                .publish(pool.object_ref(&()), Reason::InvalidSpec, note);
-        }
-    }
+    write_pool_status(pool, ctx, report).await?;
     let settled = Ledgered {
         ledger: &ledger,
         first: &first,
@@ -125,6 +114,28 @@ pub(super) async fn report<P: PoolDialect>(
     let next = next_check(next, settled, &round.observed.claims, ctx, &key);
     tracing::debug!(pool = %key.describe(), next = ?next, "pool checked");
     Ok(Action::requeue(next))
+}
+
+/// The pool's status, and what it says told as Events and metrics: addresses held twice, pools
+/// that meet, an invalid spec.
+async fn write_pool_status<P: PoolDialect>(
+    pool: &P,
+    ctx: &Context,
+    report: Report<'_>,
+) -> Result<(), Error> {
+    report_shared(pool, ctx, report.shared);
+    report_overlaps(pool, ctx, report.overlaps);
+    if let Some(patch) = pool.status_patch(&report) {
+        let api = pool.api_for(ctx.client.clone());
+        objects::merge_status(&api, &pool.name_any(), patch).await?;
+        if let Some(problem) = report.spec_error {
+            let note = format!("the pool hands out no address: {problem}");
+            ctx.ops
+                .events
+                .publish(pool.object_ref(&()), Reason::InvalidSpec, note);
+        }
+    }
+    Ok(())
 }
 
 /// Who holds what after this reconcile: `found`, changed as the phases said.

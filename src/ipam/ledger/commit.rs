@@ -15,8 +15,10 @@ use super::handover;
 use super::intent::{self, Intent};
 use super::record::Ledger;
 use super::store::{LedgerRef, Loaded, Stored, ensure_namespace};
+use crate::alloc::AddressSpace;
 use crate::ipam::context::{CachedSpace, Context};
 use crate::ipam::dialect::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
+use crate::ipam::key::PoolKey;
 use crate::ipam::spec::Base;
 use crate::runtime::error::{Call, Error, Verb};
 use crate::runtime::objects;
@@ -201,14 +203,7 @@ pub async fn commit<P: PoolDialect>(
             mark_before_reserving(pool, ctx, ledger_ref).await?;
             marked = true;
         }
-        let mut space = base.map(|base| {
-            ctx.take_space(&key, &base.spec, stored.version())
-                .unwrap_or_else(|| {
-                    let mut space = base.space.clone();
-                    space.mark_all_used(stored.ledger.addresses());
-                    space
-                })
-        });
+        let mut space = base.map(|base| space_of(ctx, &key, base, &stored));
         let (next, outcomes) =
             intent::apply(&stored.ledger, space.as_mut(), intent, &now, &mut rng);
         let written = if next == stored.ledger {
@@ -223,17 +218,8 @@ pub async fn commit<P: PoolDialect>(
             continue;
         };
         let usage = space.as_ref().map(Usage::of);
-        if let (Some(space), Some(base), Some(version)) =
-            (space, base, written.version().map(str::to_string))
-        {
-            ctx.keep_space(
-                &key,
-                CachedSpace {
-                    pool: base.spec.clone(),
-                    ledger_version: version,
-                    space,
-                },
-            );
+        if let (Some(space), Some(base)) = (space, base) {
+            keep_space(ctx, &key, base, &written, space);
         }
         return Ok(Committed {
             ledger: next,
@@ -246,6 +232,29 @@ pub async fn commit<P: PoolDialect>(
         ledger: ledger_ref.describe(),
         attempts: LEDGER_ATTEMPTS,
     })
+}
+
+/// The pool's address space with what `stored` allocates marked: the one the last commit kept,
+/// if it was built for this spec and this version of the ledger.
+fn space_of(ctx: &Context, key: &PoolKey, base: &Base, stored: &Stored) -> AddressSpace {
+    ctx.take_space(key, &base.spec, stored.version())
+        .unwrap_or_else(|| {
+            let mut space = base.space.clone();
+            space.mark_all_used(stored.ledger.addresses());
+            space
+        })
+}
+
+/// Keeps `space`, which mirrors `written`, for the next commit of the pool `key`.
+fn keep_space(ctx: &Context, key: &PoolKey, base: &Base, written: &Stored, space: AddressSpace) {
+    if let Some(version) = written.version() {
+        let cached = CachedSpace {
+            pool: base.spec.clone(),
+            ledger_version: version.to_string(),
+            space,
+        };
+        ctx.keep_space(key, cached);
+    }
 }
 
 #[cfg(test)]
