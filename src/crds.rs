@@ -20,6 +20,7 @@ use crate::runtime::Groups;
 /// Subdirectory of the CRD directory for the kinds a CAPI installation already has.
 pub const STANDALONE_DIR: &str = "standalone";
 
+/// Why CRDs could not be rendered, written or installed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot render CRD {name} as YAML: {source}")]
@@ -322,6 +323,7 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
 }
 
+/// One CRD as a YAML document (with its leading `---`).
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, Error> {
     let body = serde_saphyr::to_string(crd).map_err(|source| Error::Yaml {
         name: crd.metadata.name.clone().unwrap_or_default(),
@@ -381,6 +383,7 @@ pub fn write_dir(dir: &Path) -> Result<Vec<String>, Error> {
     Ok(written)
 }
 
+/// Why the served Cluster API or CAPM3 versions could not be told.
 #[derive(Debug, thiserror::Error)]
 pub enum ContractError {
     #[error(

@@ -9,6 +9,7 @@ use crate::api::capi_pools::InClusterIPPool;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
 use crate::{crds, migrate};
 
+/// The flags of `bitpool migrate`.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// Read IPPools and Metal3 IPAddresses from these YAML files instead of the cluster.

@@ -91,6 +91,7 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     ObjectRef<K>: Hash + Eq,
 {
+    /// An empty cache, filled once its watch starts.
     pub(crate) fn new() -> Self {
         let (store, writer) = reflector::store_shared(SUBSCRIBE_BUFFER);
         Self {

@@ -19,7 +19,9 @@ use crate::api::capi_pools::v1alpha1;
 
 pub const DATA_ANNOTATION: &str = "cluster.x-k8s.io/conversion-data";
 pub const GROUP: &str = "ipam.cluster.x-k8s.io";
+/// The apiVersion of the in-cluster provider's first API, still served.
 pub const V1ALPHA1: &str = "ipam.cluster.x-k8s.io/v1alpha1";
+/// The apiVersion the pools are stored at.
 pub const V1ALPHA2: &str = "ipam.cluster.x-k8s.io/v1alpha2";
 /// The kinds converted here; both share one spec.
 pub const KINDS: [&str; 2] = ["InClusterIPPool", "GlobalInClusterIPPool"];
