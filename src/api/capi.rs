@@ -55,6 +55,8 @@ pub fn select_contract_version(version: ContractVersion) -> Result<(), ContractV
 
 /// The API group of IPAddressClaim, IPAddress and the CAPI pools.
 pub const GROUP: &str = "ipam.cluster.x-k8s.io";
+/// The API group of Cluster and Machine.
+pub const CLUSTER_GROUP: &str = "cluster.x-k8s.io";
 /// The IPAM contract's condition type on a claim.
 pub const READY_CONDITION: &str = "Ready";
 
@@ -277,11 +279,11 @@ contract_kind!(
 );
 contract_kind!(
     /// The part of a CAPI Cluster that bitpool reads.
-    Cluster, "cluster.x-k8s.io", "clusters", ClusterSpec
+    Cluster, CLUSTER_GROUP, "clusters", ClusterSpec
 );
 contract_kind!(
     /// The part of a CAPI Machine that bitpool reads.
-    Machine, "cluster.x-k8s.io", "machines", MachineSpec
+    Machine, CLUSTER_GROUP, "machines", MachineSpec
 );
 
 /// The CRDs of IPAddressClaim and IPAddress at v1beta2, for running without Cluster API core.

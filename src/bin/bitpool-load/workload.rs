@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use bitpool::api::capi::{
-    IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference, LocalObjectName,
+    GROUP, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference,
+    LocalObjectName,
 };
 use bitpool::api::capi_pools::InClusterIPPool;
 use futures::{StreamExt, stream};
@@ -24,8 +25,6 @@ use kube::{Client, Resource, ResourceExt};
 use crate::flavour::Flavour;
 use crate::provider::Running;
 
-/// The API group of the pools the load command makes.
-pub const POOL_GROUP: &str = "ipam.cluster.x-k8s.io";
 /// The kind of the pools the load command makes.
 pub const POOL_KIND: &str = "InClusterIPPool";
 /// How often the watch caches of the load command are looked at while waiting.
@@ -370,7 +369,7 @@ impl ContractStep {
                 let mut address = raw_address(&name);
                 address.metadata.finalizers = Some(vec![PROBE_FINALIZER.into()]);
                 let claim = OwnerReference {
-                    api_version: format!("{POOL_GROUP}/v1beta2"),
+                    api_version: format!("{GROUP}/v1beta2"),
                     kind: "IPAddressClaim".into(),
                     name: name.clone(),
                     uid: claim_uid,

@@ -11,7 +11,6 @@ use serde_json::{Map, Value};
 
 use super::shared::{ConversionError, take_annotation};
 
-pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 /// The apiVersion older CAPM3 stores: served, deprecated.
 pub const V1BETA1: &str = "infrastructure.cluster.x-k8s.io/v1beta1";
 /// The apiVersion CAPM3 1.13 and later store, and bitpool's storage version.

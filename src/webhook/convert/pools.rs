@@ -18,7 +18,6 @@ use crate::alloc::Family;
 use crate::api::capi_pools::v1alpha1;
 
 pub const DATA_ANNOTATION: &str = "cluster.x-k8s.io/conversion-data";
-pub const GROUP: &str = "ipam.cluster.x-k8s.io";
 /// The apiVersion of the in-cluster provider's first API, still served.
 pub const V1ALPHA1: &str = "ipam.cluster.x-k8s.io/v1alpha1";
 /// The apiVersion the pools are stored at.
