@@ -14,7 +14,7 @@ use kube::core::crd::merge_crds;
 use kube::runtime::wait::{Condition, conditions};
 use kube::{Client, CustomResourceExt};
 
-use crate::api::{capi, capi_pools, metal3_data, metal3_ipam};
+use crate::api::{FIELD_MANAGER, capi, capi_pools, metal3_data, metal3_ipam};
 use crate::runtime::Groups;
 
 /// Subdirectory of the CRD directory for the kinds a CAPI installation already has.
@@ -445,9 +445,6 @@ async fn first_served_version(
     }
     Ok(None)
 }
-
-/// The field manager bitpool's server-side applies use.
-pub const FIELD_MANAGER: &str = "bitpool";
 
 /// Installs (or updates) CRDs by server-side apply, then waits until they are established.
 pub async fn apply(

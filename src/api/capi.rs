@@ -57,6 +57,11 @@ pub fn select_contract_version(version: ContractVersion) -> Result<(), ContractV
 pub const GROUP: &str = "ipam.cluster.x-k8s.io";
 /// The API group of Cluster and Machine.
 pub const CLUSTER_GROUP: &str = "cluster.x-k8s.io";
+/// On a Cluster or a Metal3Cluster: the pool its control-plane endpoint comes from, as
+/// `<kind>/<name>` (`InClusterIPPool/vips`, `GlobalInClusterIPPool/vips`, `IPPool/vips`).
+pub const ENDPOINT_POOL_ANNOTATION: &str = "ipam.bitpool.dev/control-plane-endpoint-pool";
+/// On the claims bitpool makes for an endpoint (`kubectl get ipaddressclaims -l …` lists them).
+pub const ENDPOINT_CLAIM_LABEL: &str = "ipam.bitpool.dev/control-plane-endpoint";
 /// The IPAM contract's condition type on a claim.
 pub const READY_CONDITION: &str = "Ready";
 

@@ -24,6 +24,11 @@ pub const POOL_FINALIZER: &str = "ipam.cluster.x-k8s.io/ProtectPool";
 pub const PREALLOCATION_NAMESPACE_ANNOTATION: &str = "ipam.bitpool.dev/preallocation-namespace";
 /// Lets `clusterctl move` delete a pool that still has addresses.
 pub const SKIP_DELETE_CHECK_ANNOTATION: &str = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook";
+/// On a v1alpha1 or v1alpha2 pool: what the other version has no place for, kept by the
+/// conversion webhook as the in-cluster provider (and Cluster API) keep it.
+pub const CONVERSION_DATA_ANNOTATION: &str = "cluster.x-k8s.io/conversion-data";
+/// On an InClusterIPPool that `bitpool migrate` wrote: the Metal3 IPPool it replaces.
+pub const MIGRATED_FROM_ANNOTATION: &str = "ipam.bitpool.dev/migrated-from";
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

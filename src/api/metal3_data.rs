@@ -27,6 +27,9 @@ pub const DATA_NAME_LABEL: &str = "infrastructure.cluster.x-k8s.io/data-name";
 pub const POOL_NAME_LABEL: &str = "infrastructure.cluster.x-k8s.io/pool-name";
 /// The type of the rendered metaData and networkData secrets.
 pub const SECRET_TYPE: &str = "infrastructure.cluster.x-k8s.io/secret";
+/// On a Metal3Data kind's object: what one version could not hold, kept by the conversion
+/// webhook as `{"version": <apiVersion it is restored to>, "fields": {<JSON pointer>: <value>}}`.
+pub const CONVERSION_DATA_ANNOTATION: &str = "ipam.bitpool.dev/conversion-data";
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
