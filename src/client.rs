@@ -15,6 +15,7 @@ use kube::client::ClientBuilder;
 use kube::{Client, Config};
 use tower::{Layer, Service};
 
+/// Why no client to the API server could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot load a Kubernetes configuration ({source}): set KUBECONFIG, or run in a pod")]
@@ -138,6 +139,7 @@ impl<S> Layer<S> for ThrottleLayer {
     }
 }
 
+/// The service `ThrottleLayer` wraps: each request waits for the rate limiter.
 #[derive(Clone)]
 pub struct Throttle<S> {
     inner: S,

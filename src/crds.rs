@@ -14,12 +14,13 @@ use kube::core::crd::merge_crds;
 use kube::runtime::wait::{Condition, conditions};
 use kube::{Client, CustomResourceExt};
 
-use crate::api::{capi, capi_pools, metal3_data, metal3_ipam};
+use crate::api::{FIELD_MANAGER, capi, capi_pools, metal3_data, metal3_ipam};
 use crate::runtime::Groups;
 
 /// Subdirectory of the CRD directory for the kinds a CAPI installation already has.
 pub const STANDALONE_DIR: &str = "standalone";
 
+/// Why CRDs could not be rendered, written or installed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot render CRD {name} as YAML: {source}")]
@@ -322,6 +323,7 @@ pub fn file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
 }
 
+/// One CRD as a YAML document (with its leading `---`).
 pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, Error> {
     let body = serde_saphyr::to_string(crd).map_err(|source| Error::Yaml {
         name: crd.metadata.name.clone().unwrap_or_default(),
@@ -381,6 +383,7 @@ pub fn write_dir(dir: &Path) -> Result<Vec<String>, Error> {
     Ok(written)
 }
 
+/// Why the served Cluster API or CAPM3 versions could not be told.
 #[derive(Debug, thiserror::Error)]
 pub enum ContractError {
     #[error(
@@ -442,9 +445,6 @@ async fn first_served_version(
     }
     Ok(None)
 }
-
-/// The field manager bitpool's server-side applies use.
-pub const FIELD_MANAGER: &str = "bitpool";
 
 /// Installs (or updates) CRDs by server-side apply, then waits until they are established.
 pub async fn apply(

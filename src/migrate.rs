@@ -15,7 +15,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::alloc::pool::LeaseParams;
 use crate::alloc::{self, AddressSpace, Layout};
-use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec, PoolSubnet};
+use crate::api::capi_pools::{
+    InClusterIPPool, InClusterIPPoolSpec, MIGRATED_FROM_ANNOTATION, PoolSubnet,
+};
 use crate::api::labels;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
 use crate::ipam::spec;
@@ -340,7 +342,7 @@ pub fn to_yaml(migrations: &[Migration]) -> Result<String, serde_saphyr::Seriali
     for migration in migrations {
         let mut pool = migration.pool.clone();
         pool.meta_mut().annotations = Some(BTreeMap::from([(
-            "ipam.bitpool.dev/migrated-from".to_string(),
+            MIGRATED_FROM_ANNOTATION.to_string(),
             format!("IPPool.ipam.metal3.io {}", migration.source),
         )]));
         let mut value = serde_json::to_value(&pool).unwrap_or_default();

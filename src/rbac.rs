@@ -8,11 +8,10 @@ use k8s_openapi::api::rbac::v1::{
 };
 use kube::api::ObjectMeta;
 
+use crate::api::capi::{CLUSTER_GROUP as CLUSTER, GROUP as CAPI_IPAM};
+use crate::api::metal3_data::GROUP as INFRASTRUCTURE;
+use crate::api::metal3_ipam::GROUP as METAL3_IPAM;
 use crate::runtime::Groups;
-
-const CAPI_IPAM: &str = "ipam.cluster.x-k8s.io";
-const METAL3_IPAM: &str = "ipam.metal3.io";
-const INFRASTRUCTURE: &str = "infrastructure.cluster.x-k8s.io";
 
 /// The CAPI pool kinds bitpool serves.
 const CAPI_POOLS: &[&str] = &[
@@ -64,7 +63,7 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
         // Pools are read by every group (Metal3Data and the admission webhooks name them).
         rule(CAPI_IPAM, CAPI_POOLS, WATCH),
         // A paused Cluster pauses its claims; the Cluster API version is found from the CRDs.
-        rule("cluster.x-k8s.io", &["clusters"], WATCH),
+        rule(CLUSTER, &["clusters"], WATCH),
         rule(
             "apiextensions.k8s.io",
             &["customresourcedefinitions"],
@@ -115,7 +114,7 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
         // A Cluster that names an endpoint pool: its endpoint claim is made (by the controller,
         // or by the Metal3Cluster webhook) and its `spec.controlPlaneEndpoint` written.
         rules.push(rule(CAPI_IPAM, &["ipaddressclaims"], &["create"]));
-        rules.push(rule("cluster.x-k8s.io", &["clusters"], &["patch"]));
+        rules.push(rule(CLUSTER, &["clusters"], &["patch"]));
     }
     if groups.metal3_kinds() {
         rules.push(rule(METAL3_IPAM, &["ippools"], WATCH));
@@ -171,7 +170,7 @@ fn cluster_rules(groups: Groups) -> Vec<Rule> {
         ));
         // A host's data is rendered from its Metal3Machine, Machine and BareMetalHost.
         rules.push(rule(INFRASTRUCTURE, &["metal3machines"], &["get"]));
-        rules.push(rule("cluster.x-k8s.io", &["machines"], &["get"]));
+        rules.push(rule(CLUSTER, &["machines"], &["get"]));
         rules.push(rule("metal3.io", &["baremetalhosts"], &["get"]));
         // Its IP claims: IPAddressClaims and IPClaims owned by the Metal3Data.
         rules.push(rule(CAPI_IPAM, &["ipaddressclaims"], &["create", "delete"]));
@@ -435,7 +434,7 @@ mod tests {
         // Endpoint claims, for Clusters that name an endpoint pool; never a claim deleted.
         assert!(allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "create"));
         assert!(!allows(CAPI_ONLY, CAPI_IPAM, "ipaddressclaims", "delete"));
-        assert!(allows(CAPI_ONLY, "cluster.x-k8s.io", "clusters", "patch"));
+        assert!(allows(CAPI_ONLY, CLUSTER, "clusters", "patch"));
         assert!(!allows(CAPI_ONLY, METAL3_IPAM, "ipclaims", "list"));
         assert!(!allows(CAPI_ONLY, "", "secrets", "get"));
         assert!(!allows(CAPI_ONLY, INFRASTRUCTURE, "metal3datas", "list"));

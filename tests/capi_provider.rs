@@ -12,9 +12,9 @@ use bitpool::api::capi::{
 use bitpool::api::capi_pools::{
     ADDRESS_FINALIZER, CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec, PoolSubnet,
 };
+use bitpool::api::labels::WATCH_FILTER as WATCH_FILTER_LABEL;
 use bitpool::api::{AllocationStrategy, labels};
 use bitpool::ipam::moving;
-use bitpool::runtime::WATCH_FILTER_LABEL;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};

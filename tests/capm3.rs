@@ -670,7 +670,7 @@ async fn bitpool_renders_the_data_of_a_template_handed_over_beside_capm3() {
 }
 
 /// What a Cluster names for its endpoint (`ipam.bitpool.dev/control-plane-endpoint-pool`).
-const ENDPOINT_POOL: &str = bitpool::endpoint::reference::POOL_ANNOTATION;
+const ENDPOINT_POOL: &str = bitpool::api::capi::ENDPOINT_POOL_ANNOTATION;
 /// The pool of control-plane endpoints in the endpoint test: three addresses.
 const VIPS: &str = "vips";
 

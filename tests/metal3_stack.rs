@@ -299,7 +299,7 @@ async fn create_cluster(stack: &Stack, mode: Mode, replicas: i64) {
         json!({
             "apiVersion": CAPI, "kind": "Cluster",
             "metadata": {"name": CLUSTER, "annotations": {
-                bitpool::endpoint::reference::POOL_ANNOTATION: format!("InClusterIPPool/{ENDPOINT_POOL}"),
+                bitpool::api::capi::ENDPOINT_POOL_ANNOTATION: format!("InClusterIPPool/{ENDPOINT_POOL}"),
             }},
             "spec": {"infrastructureRef": {
                 "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "Metal3Cluster", "name": CLUSTER,
@@ -948,7 +948,7 @@ async fn claims_follow_machines(client: &Client, machines: usize) {
         || async {
             let metal3 = list(client, "ipam.metal3.io/v1alpha1", "IPClaim").await;
             // Beside the Cluster's endpoint claim, which no machine has.
-            let endpoint = bitpool::endpoint::reference::CLAIM_LABEL;
+            let endpoint = bitpool::api::capi::ENDPOINT_CLAIM_LABEL;
             let capi = list(client, CAPI_IPAM, "IPAddressClaim").await;
             let capi = capi.iter().filter(|c| !c.labels().contains_key(endpoint));
             (metal3.len() == machines && capi.count() == machines).then_some(())

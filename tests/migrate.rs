@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use bitpool::api::capi::{IPAddress, IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
 use bitpool::api::capi_pools::InClusterIPPool;
+use bitpool::api::labels::WATCH_FILTER as WATCH_FILTER_LABEL;
 use bitpool::api::metal3_ipam::{
     IPClaim, IPPool, IPPoolSpec, Metal3IPAddress, Metal3IPAddressSpec, Metal3PoolRange,
 };
-use bitpool::runtime::WATCH_FILTER_LABEL;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use support::{Bitpool, TestNamespace, eventually};

@@ -158,7 +158,7 @@ async fn serve_every_pool_kind(env: &Env) {
         serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
             "metadata": {"name": "endpoint", "annotations": {
-                bitpool::endpoint::reference::POOL_ANNOTATION: "InClusterIPPool/capi",
+                bitpool::api::capi::ENDPOINT_POOL_ANNOTATION: "InClusterIPPool/capi",
             }},
             "spec": {"infrastructureRef": {
                 "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": "endpoint",

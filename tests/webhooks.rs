@@ -178,7 +178,7 @@ async fn invalid_objects_are_refused_naming_field_and_rule() {
         .create(&pp, &stored)
         .await
         .expect("not selected by the webhooks");
-    let label = json!({"metadata": {"labels": {bitpool::runtime::WATCH_FILTER_LABEL: env.name()}}});
+    let label = json!({"metadata": {"labels": {bitpool::api::labels::WATCH_FILTER: env.name()}}});
     pools
         .patch(
             "stored-before",
@@ -1108,7 +1108,7 @@ async fn claims_from_namespaces_a_shared_pool_does_not_select_are_refused() {
     let manifest = format!(
         "apiVersion: ipam.cluster.x-k8s.io/v1beta2\nkind: IPAddressClaim\nmetadata:\n  name: outsider\n  namespace: {ns}\n  labels: {{{label}: {ns}}}\nspec:\n  poolRef: {{apiGroup: ipam.cluster.x-k8s.io, kind: GlobalInClusterIPPool, name: {name}}}\n",
         ns = env.name(),
-        label = bitpool::runtime::WATCH_FILTER_LABEL,
+        label = bitpool::api::labels::WATCH_FILTER,
     );
     let (applied, text) = kubectl(&["apply", "-f", "-"], &manifest);
     assert!(

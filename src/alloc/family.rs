@@ -11,6 +11,7 @@ pub enum Family {
 }
 
 impl Family {
+    /// The family of `address`.
     pub fn of(address: IpAddr) -> Self {
         match address {
             IpAddr::V4(_) => Family::V4,
@@ -18,6 +19,7 @@ impl Family {
         }
     }
 
+    /// The length of an address in bits: 32 or 128.
     pub fn bits(self) -> u8 {
         match self {
             Family::V4 => 32,
@@ -33,6 +35,7 @@ impl Family {
         }
     }
 
+    /// The address of this family whose value is `value`.
     pub fn address(self, value: u128) -> IpAddr {
         match self {
             // Values of an IPv4 space never exceed u32::MAX (they are built from IPv4 addresses).
@@ -63,6 +66,7 @@ impl fmt::Display for Family {
     }
 }
 
+/// An address as a number, its family left out (see [`Family::address`]).
 pub fn to_value(address: IpAddr) -> u128 {
     match address {
         IpAddr::V4(a) => u32::from(a) as u128,

@@ -18,11 +18,13 @@ fn split(value: u128) -> (u64, u64) {
 }
 
 impl AddressSet {
+    /// Adds `value`; false if it was there already.
     pub fn insert(&mut self, value: u128) -> bool {
         let (high, low) = split(value);
         self.halves.entry(high).or_default().insert(low)
     }
 
+    /// Removes `value`; false if it was not there.
     pub fn remove(&mut self, value: u128) -> bool {
         let (high, low) = split(value);
         let Some(half) = self.halves.get_mut(&high) else {
@@ -35,6 +37,7 @@ impl AddressSet {
         removed
     }
 
+    /// Whether the set holds `value`.
     pub fn contains(&self, value: u128) -> bool {
         let (high, low) = split(value);
         self.halves
@@ -42,6 +45,7 @@ impl AddressSet {
             .is_some_and(|half| half.contains(low))
     }
 
+    /// How many values the set holds.
     pub fn len(&self) -> u128 {
         self.halves
             .values()
@@ -49,6 +53,7 @@ impl AddressSet {
             .sum()
     }
 
+    /// Whether the set holds no value.
     pub fn is_empty(&self) -> bool {
         self.halves.is_empty()
     }
@@ -108,6 +113,7 @@ impl AddressSet {
         out
     }
 
+    /// Reads the form [`Self::to_bytes`] writes.
     pub fn from_bytes(mut bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut set = Self::default();
         let take = |n: usize, bytes: &mut &[u8]| -> Result<Vec<u8>, DecodeError> {
@@ -177,6 +183,7 @@ impl FreeRuns {
             .map(|(first, last)| (*first, *last))
     }
 
+    /// Whether `value` is free.
     pub fn contains(&self, value: u128) -> bool {
         self.run_of(value).is_some()
     }

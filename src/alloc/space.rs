@@ -69,14 +69,17 @@ pub struct AddressSpace {
 }
 
 impl AddressSpace {
+    /// The space of a CAPI pool, or why its spec is invalid.
     pub fn capi(pool: &CapiPool) -> Result<Self, SpecError> {
         Ok(Self::new(pool.layout()?))
     }
 
+    /// The space of a Metal3 IPPool, or why its spec is invalid.
     pub fn metal3(pool: &Metal3Pool) -> Result<Self, SpecError> {
         Ok(Self::new(pool.layout()?))
     }
 
+    /// The space of `layout`, nothing allocated yet.
     pub fn new(layout: Layout) -> Self {
         let mut by_address: Vec<usize> = (0..layout.segments.len()).collect();
         by_address.sort_by_key(|i| layout.segments[*i].first);
@@ -105,6 +108,7 @@ impl AddressSpace {
         space
     }
 
+    /// The pool's address family.
     pub fn family(&self) -> Family {
         self.layout.family
     }
@@ -114,6 +118,7 @@ impl AddressSpace {
         self.layout.segments.iter()
     }
 
+    /// How the pool picks the next free address.
     pub fn strategy(&self) -> Strategy {
         self.layout.strategy
     }
@@ -142,6 +147,7 @@ impl AddressSpace {
         self.value(address).is_some_and(|v| self.free.contains(v))
     }
 
+    /// Whether `address` is allocated, inside the pool or not.
     pub fn is_used(&self, address: IpAddr) -> bool {
         self.value(address)
             .is_some_and(|v| self.used.contains(v) || self.out_of_range.contains(v))
@@ -171,6 +177,7 @@ impl AddressSpace {
         }
     }
 
+    /// The pool's counts as they stand.
     pub fn counts(&self) -> Counts {
         let reserved = self
             .reserved

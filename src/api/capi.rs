@@ -30,6 +30,7 @@ pub enum ContractVersion {
 }
 
 impl ContractVersion {
+    /// The version as it appears in `apiVersion`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::V1Beta1 => "v1beta1",
@@ -52,21 +53,32 @@ pub fn select_contract_version(version: ContractVersion) -> Result<(), ContractV
     CONTRACT.set(version).map_err(|_| contract_version())
 }
 
+/// The API group of IPAddressClaim, IPAddress and the CAPI pools.
 pub const GROUP: &str = "ipam.cluster.x-k8s.io";
+/// The API group of Cluster and Machine.
+pub const CLUSTER_GROUP: &str = "cluster.x-k8s.io";
+/// On a Cluster or a Metal3Cluster: the pool its control-plane endpoint comes from, as
+/// `<kind>/<name>` (`InClusterIPPool/vips`, `GlobalInClusterIPPool/vips`, `IPPool/vips`).
+pub const ENDPOINT_POOL_ANNOTATION: &str = "ipam.bitpool.dev/control-plane-endpoint-pool";
+/// On the claims bitpool makes for an endpoint (`kubectl get ipaddressclaims -l …` lists them).
+pub const ENDPOINT_CLAIM_LABEL: &str = "ipam.bitpool.dev/control-plane-endpoint";
 /// The IPAM contract's condition type on a claim.
 pub const READY_CONDITION: &str = "Ready";
 
 /// The reasons the contract allows on a claim's `Ready=False` condition.
 pub mod reasons {
+    /// The pool cannot serve the claim now: its spec is invalid, it is paused, or it is busy.
     pub const POOL_NOT_READY: &str = "PoolNotReady";
+    /// The pool has no free address left.
     pub const POOL_EXHAUSTED: &str = "PoolExhausted";
+    /// The allocation failed for a reason a person must fix (the message says which).
     pub const ALLOCATION_FAILED: &str = "AllocationFailed";
     /// bitpool's: a global pool's `namespaceSelector` leaves the claim's namespace out.
     pub const NAMESPACE_NOT_SELECTED: &str = "NamespaceNotSelected";
 }
 
-/// A typed reference to a pool, as the v1beta2 contract spells it (all three fields required).
 // Read from v1beta1 too, where `apiGroup` is optional (missing reads as empty: no group).
+/// A typed reference to a pool, as the v1beta2 contract spells it (all three fields required).
 #[derive(Serialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPPoolReference {
@@ -99,6 +111,7 @@ pub struct IPAddressClaimSpec {
 
 // A claim's status as bitpool works with it: the v1beta2 shape. Read from either version (see
 // its `Deserialize`); written by `claim_status_patch`.
+/// What became of an IPAddressClaim: the address allocated to it, and its conditions.
 #[derive(Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPAddressClaimStatus {
@@ -111,12 +124,14 @@ pub struct IPAddressClaimStatus {
     pub deprecated: Option<IPAddressClaimDeprecatedStatus>,
 }
 
+/// Status fields of older Cluster API versions, kept for their readers.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct IPAddressClaimDeprecatedStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v1beta1: Option<IPAddressClaimV1Beta1Status>,
 }
 
+/// The claim's conditions in the Cluster API v1beta1 shape.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct IPAddressClaimV1Beta1Status {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -198,6 +213,8 @@ pub struct MachineSpec {
 macro_rules! contract_kind {
     ($(#[$doc:meta])* $kind:ident, $group:expr, $plural:literal, $spec:ty $(, status: $status:ty)?) => {
         $(#[$doc])*
+        ///
+        /// Read and written at the [`contract_version`] of this process.
         #[derive(Deserialize, Clone, Debug, Default, PartialEq)]
         pub struct $kind {
             #[serde(default)]
@@ -208,6 +225,7 @@ macro_rules! contract_kind {
         }
 
         impl $kind {
+            /// An object named `name` with `spec`, everything else unset.
             pub fn new(name: &str, spec: $spec) -> Self {
                 let mut object = Self { spec, ..Default::default() };
                 object.metadata.name = Some(name.to_string());
@@ -266,11 +284,11 @@ contract_kind!(
 );
 contract_kind!(
     /// The part of a CAPI Cluster that bitpool reads.
-    Cluster, "cluster.x-k8s.io", "clusters", ClusterSpec
+    Cluster, CLUSTER_GROUP, "clusters", ClusterSpec
 );
 contract_kind!(
     /// The part of a CAPI Machine that bitpool reads.
-    Machine, "cluster.x-k8s.io", "machines", MachineSpec
+    Machine, CLUSTER_GROUP, "machines", MachineSpec
 );
 
 /// The CRDs of IPAddressClaim and IPAddress at v1beta2, for running without Cluster API core.
@@ -281,7 +299,6 @@ pub mod schema {
 
     use super::IPAddressClaimStatus;
 
-    /// IPAddressClaim: a request for one address from the pool in `spec.poolRef`.
     #[derive(
         CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
     )]
@@ -297,12 +314,12 @@ pub mod schema {
         printcolumn = r#"{"name":"Pool Kind","type":"string","jsonPath":".spec.poolRef.kind","description":"Kind of the pool to allocate an address from"}"#,
         printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of IPAddressClaim"}"#
     )]
+    /// IPAddressClaim: a request for one address from the pool in `spec.poolRef`.
     pub struct IPAddressClaimSpec {
         #[serde(flatten)]
         pub spec: super::IPAddressClaimSpec,
     }
 
-    /// IPAddress: one allocated address, named and namespaced like its claim.
     #[derive(
         CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
     )]
@@ -318,6 +335,7 @@ pub mod schema {
         printcolumn = r#"{"name":"Pool Kind","type":"string","jsonPath":".spec.poolRef.kind","description":"Kind of the pool the address is from"}"#,
         printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of IPAddress"}"#
     )]
+    /// IPAddress: one allocated address, named and namespaced like its claim.
     pub struct IPAddressSpec {
         #[serde(flatten)]
         pub spec: super::IPAddressSpec,
@@ -334,6 +352,7 @@ pub mod schema {
 
         use super::super::V1Beta1Condition;
 
+        /// A reference to a pool by kind and name, with an optional API group.
         #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
         #[serde(rename_all = "camelCase")]
         pub struct TypedLocalReference {
@@ -343,6 +362,7 @@ pub mod schema {
             pub name: String,
         }
 
+        /// A reference by name to an object in the same namespace.
         #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
         pub struct LocalReference {
             #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -360,12 +380,14 @@ pub mod schema {
             status = "ClaimStatus"
         )]
         #[serde(rename_all = "camelCase")]
+        /// What an IPAddressClaim asks for.
         pub struct ClaimSpec {
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub cluster_name: Option<String>,
             pub pool_ref: TypedLocalReference,
         }
 
+        /// What became of an IPAddressClaim: the address allocated to it, and its conditions.
         #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
         #[serde(rename_all = "camelCase")]
         pub struct ClaimStatus {
@@ -377,6 +399,7 @@ pub mod schema {
             pub v1beta2: Option<ClaimV1Beta2Status>,
         }
 
+        /// The claim's conditions in the metav1 shape.
         #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
         pub struct ClaimV1Beta2Status {
             #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -394,6 +417,7 @@ pub mod schema {
             namespaced
         )]
         #[serde(rename_all = "camelCase")]
+        /// One allocated address.
         pub struct AddressSpec {
             pub claim_ref: LocalReference,
             pub pool_ref: TypedLocalReference,

@@ -24,8 +24,12 @@ pub const POOL_FINALIZER: &str = "ipam.cluster.x-k8s.io/ProtectPool";
 pub const PREALLOCATION_NAMESPACE_ANNOTATION: &str = "ipam.bitpool.dev/preallocation-namespace";
 /// Lets `clusterctl move` delete a pool that still has addresses.
 pub const SKIP_DELETE_CHECK_ANNOTATION: &str = "ipam.cluster.x-k8s.io/skip-validate-delete-webhook";
+/// On a v1alpha1 or v1alpha2 pool: what the other version has no place for, kept by the
+/// conversion webhook as the in-cluster provider (and Cluster API) keep it.
+pub const CONVERSION_DATA_ANNOTATION: &str = "cluster.x-k8s.io/conversion-data";
+/// On an InClusterIPPool that `bitpool migrate` wrote: the Metal3 IPPool it replaces.
+pub const MIGRATED_FROM_ANNOTATION: &str = "ipam.bitpool.dev/migrated-from";
 
-/// The spec both CAPI pool kinds share.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.cluster.x-k8s.io",
@@ -44,6 +48,7 @@ pub const SKIP_DELETE_CHECK_ANNOTATION: &str = "ipam.cluster.x-k8s.io/skip-valid
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// The spec both CAPI pool kinds share.
 pub struct InClusterIPPoolSpec {
     /// Addresses to hand out: single IPs, ranges `a-b`, or CIDRs (host bits are ignored).
     pub addresses: Vec<String>,
@@ -125,7 +130,6 @@ pub struct PoolSubnet {
     pub dns_servers: Vec<String>,
 }
 
-/// GlobalInClusterIPPool: the same pool, cluster-scoped, serving claims of every namespace.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.cluster.x-k8s.io",
@@ -143,6 +147,7 @@ pub struct PoolSubnet {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// GlobalInClusterIPPool: the same pool, cluster-scoped, serving claims of every namespace.
 pub struct GlobalInClusterIPPoolSpec {
     #[serde(flatten)]
     pub pool: InClusterIPPoolSpec,
@@ -154,6 +159,7 @@ pub struct GlobalInClusterIPPoolSpec {
     pub namespace_selector: Option<LabelSelector>,
 }
 
+/// What a pool holds: its address counts and conditions.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InClusterIPPoolStatus {
@@ -189,7 +195,6 @@ pub mod v1alpha1 {
 
     use super::InClusterIPPoolStatus;
 
-    /// The v1alpha1 spec: a subnet, or a `start`–`end` range, or addresses.
     #[derive(
         CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
     )]
@@ -211,6 +216,7 @@ pub mod v1alpha1 {
         printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
     )]
     #[serde(rename_all = "camelCase")]
+    /// The v1alpha1 spec: a subnet, or a `start`–`end` range, or addresses.
     pub struct InClusterIPPoolSpec {
         /// Addresses that can be assigned (single IPs, ranges, CIDRs).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -233,7 +239,6 @@ pub mod v1alpha1 {
         pub gateway: Option<String>,
     }
 
-    /// GlobalInClusterIPPool at v1alpha1 (deprecated).
     #[derive(
         CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema,
     )]
@@ -252,6 +257,7 @@ pub mod v1alpha1 {
         printcolumn = r#"{"name":"Free","type":"integer","jsonPath":".status.ipAddresses.free","description":"Count of unallocated IPs in the pool"}"#,
         printcolumn = r#"{"name":"Used","type":"integer","jsonPath":".status.ipAddresses.used","description":"Count of allocated IPs in the pool"}"#
     )]
+    /// GlobalInClusterIPPool at v1alpha1 (deprecated).
     pub struct GlobalInClusterIPPoolSpec {
         #[serde(flatten)]
         pub pool: InClusterIPPoolSpec,
@@ -263,8 +269,6 @@ fn default_allocation_prefix_length() -> i32 {
     64
 }
 
-/// The spec both CAPI prefix pool kinds share (the in-cluster provider's v1.1 API), plus the
-/// same optional extensions as the address pools (`preAllocations`, `allocationStrategy`).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.cluster.x-k8s.io",
@@ -283,6 +287,8 @@ fn default_allocation_prefix_length() -> i32 {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// The spec both CAPI prefix pool kinds share (the in-cluster provider's v1.1 API), plus the
+/// same optional extensions as the address pools (`preAllocations`, `allocationStrategy`).
 pub struct InClusterPrefixPoolSpec {
     /// Network-aligned CIDRs (IPv6, or with bitpool IPv4 too) that sub-prefixes are cut from.
     pub prefixes: Vec<String>,
@@ -307,7 +313,6 @@ pub struct InClusterPrefixPoolSpec {
     pub allocation_strategy: Option<AllocationStrategy>,
 }
 
-/// GlobalInClusterPrefixPool: the same pool, cluster-scoped, serving claims of every namespace.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.cluster.x-k8s.io",
@@ -325,6 +330,7 @@ pub struct InClusterPrefixPoolSpec {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time since the pool was created"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// GlobalInClusterPrefixPool: the same pool, cluster-scoped, serving claims of every namespace.
 pub struct GlobalInClusterPrefixPoolSpec {
     #[serde(flatten)]
     pub pool: InClusterPrefixPoolSpec,

@@ -10,20 +10,27 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The API group of the Metal3Data kinds (and of CAPM3's other kinds).
 pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 
+/// On a Metal3DataTemplate: held while any Metal3Data is rendered from it.
 pub const TEMPLATE_FINALIZER: &str = "metal3datatemplate.infrastructure.cluster.x-k8s.io";
 /// On a Metal3Data, and on the IP claims it creates.
 pub const DATA_FINALIZER: &str = "metal3data.infrastructure.cluster.x-k8s.io";
+/// On a Metal3DataClaim: held until its Metal3Data is released.
 pub const DATA_CLAIM_FINALIZER: &str = "metal3dataclaim.infrastructure.cluster.x-k8s.io";
 /// Put on a Metal3DataClaim by the Metal3Machine that created it.
 pub const METAL3_MACHINE_FINALIZER: &str = "metal3machine.infrastructure.cluster.x-k8s.io";
+/// On the IP claims of a Metal3Data: the Metal3Data's name.
 pub const DATA_NAME_LABEL: &str = "infrastructure.cluster.x-k8s.io/data-name";
+/// On the IP claims of a Metal3Data: the name of the pool they take from.
 pub const POOL_NAME_LABEL: &str = "infrastructure.cluster.x-k8s.io/pool-name";
 /// The type of the rendered metaData and networkData secrets.
 pub const SECRET_TYPE: &str = "infrastructure.cluster.x-k8s.io/secret";
+/// On a Metal3Data kind's object: what one version could not hold, kept by the conversion
+/// webhook as `{"version": <apiVersion it is restored to>, "fields": {<JSON pointer>: <value>}}`.
+pub const CONVERSION_DATA_ANNOTATION: &str = "ipam.bitpool.dev/conversion-data";
 
-/// Metal3DataTemplate: how to render each host's metaData and networkData.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "infrastructure.cluster.x-k8s.io",
@@ -42,6 +49,7 @@ pub const SECRET_TYPE: &str = "infrastructure.cluster.x-k8s.io/secret";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3DataTemplate"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// Metal3DataTemplate: how to render each host's metaData and networkData.
 pub struct Metal3DataTemplateSpec {
     /// The Cluster the template belongs to; empty for a template shared by several clusters
     /// (CAPM3 1.14).
@@ -53,6 +61,7 @@ pub struct Metal3DataTemplateSpec {
     pub network_data: Option<NetworkData>,
 }
 
+/// What a Metal3DataTemplate holds: the index given to each claim.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Metal3DataTemplateStatus {
@@ -63,6 +72,7 @@ pub struct Metal3DataTemplateStatus {
     pub indexes: Vec<IndexEntry>,
 }
 
+/// The index given to one Metal3DataClaim.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct IndexEntry {
     /// The Metal3DataClaim.
@@ -79,6 +89,7 @@ pub enum TemplateObject {
     BareMetalHost,
 }
 
+/// The metaData keys to render, by where each value comes from.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MetaData {
@@ -106,12 +117,14 @@ pub struct MetaData {
     pub from_annotations: Vec<MetaDataFromAnnotation>,
 }
 
+/// A metaData key with a fixed value.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct MetaDataString {
     pub key: String,
     pub value: String,
 }
 
+/// A metaData key set to the name of one of the objects.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct MetaDataObjectName {
     pub key: String,
@@ -133,6 +146,7 @@ pub struct MetaDataIndex {
     pub suffix: Option<String>,
 }
 
+/// A metaData key set to the Metal3Machine's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct MetaDataNamespace {
     pub key: String,
@@ -150,6 +164,7 @@ pub struct FromPool {
     pub kind: String,
 }
 
+/// A metaData key set to the MAC address of a host interface, or of the boot interface.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MetaDataHostInterface {
@@ -164,6 +179,7 @@ pub struct MetaDataHostInterface {
     pub from_boot_mac: Option<bool>,
 }
 
+/// A metaData key set to the value of a label of one of the objects.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct MetaDataFromLabel {
     pub key: String,
@@ -171,6 +187,7 @@ pub struct MetaDataFromLabel {
     pub label: String,
 }
 
+/// A metaData key set to the value of an annotation of one of the objects.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct MetaDataFromAnnotation {
     pub key: String,
@@ -178,6 +195,7 @@ pub struct MetaDataFromAnnotation {
     pub annotation: String,
 }
 
+/// The networkData to render: links, networks and DNS services.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct NetworkData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -188,6 +206,7 @@ pub struct NetworkData {
     pub services: Option<NetworkServices<AnyFamily>>,
 }
 
+/// The network links: ethernets, bonds and VLANs.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct NetworkLinks {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -198,6 +217,7 @@ pub struct NetworkLinks {
     pub vlans: Vec<VlanLink>,
 }
 
+/// The type of an ethernet link.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EthernetType {
@@ -238,12 +258,14 @@ pub struct MacAddressSource {
     pub from_annotation: Option<FromAnnotation>,
 }
 
+/// A value read from an annotation of one of the objects.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct FromAnnotation {
     pub object: TemplateObject,
     pub annotation: String,
 }
 
+/// An ethernet link.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EthernetLink {
@@ -264,6 +286,7 @@ fn default_mtu() -> i32 {
     1500
 }
 
+/// The bonding mode of a bond link.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum BondMode {
     #[serde(rename = "balance-rr")]
@@ -282,6 +305,7 @@ pub enum BondMode {
     Ieee8023ad,
 }
 
+/// The transmit hash policy of a bond link.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum BondXmitHashPolicy {
     #[serde(rename = "layer2")]
@@ -292,6 +316,7 @@ pub enum BondXmitHashPolicy {
     Layer2Plus3,
 }
 
+/// A bond link over other links.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BondLink {
@@ -323,6 +348,7 @@ pub struct BondParameter {
     pub value: serde_json::Value,
 }
 
+/// A VLAN link over another link.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VlanLink {
@@ -340,6 +366,7 @@ pub struct VlanLink {
     pub name: Option<String>,
 }
 
+/// The networks: static by family, and DHCP or SLAAC.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 pub struct Networks {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -374,6 +401,8 @@ pub trait AddressFamily:
 macro_rules! address_family {
     ($(#[$doc:meta])* $name:ident, $pattern:path, $max_prefix:expr) => {
         $(#[$doc])*
+        ///
+        /// An [`AddressFamily`]: the schema of its addresses and its largest prefix length.
         #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
         pub struct $name;
 
@@ -470,6 +499,7 @@ pub struct DynamicNetwork<F: AddressFamily> {
     pub routes: Vec<NetworkRoute<F>>,
 }
 
+/// A route of a network.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", bound = "")]
 #[schemars(bound = "F: AddressFamily")]
@@ -484,6 +514,7 @@ pub struct NetworkRoute<F: AddressFamily> {
     pub services: Option<NetworkServices<F>>,
 }
 
+/// A route's gateway: static, or from a pool.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", bound = "")]
 #[schemars(bound = "F: AddressFamily")]
@@ -545,7 +576,6 @@ pub struct NetworkServices<F: AddressFamily> {
     pub family: std::marker::PhantomData<F>,
 }
 
-/// Metal3Data: one host's rendered data, named `<template>-<index>`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "infrastructure.cluster.x-k8s.io",
@@ -563,6 +593,7 @@ pub struct NetworkServices<F: AddressFamily> {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3Data"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// Metal3Data: one host's rendered data, named `<template>-<index>`.
 pub struct Metal3DataSpec {
     #[serde(default)]
     pub index: i64,
@@ -576,6 +607,7 @@ pub struct Metal3DataSpec {
     pub template: Metal3ObjectRef,
 }
 
+/// Whether a Metal3Data is rendered, or why not.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Metal3DataStatus {
@@ -585,7 +617,6 @@ pub struct Metal3DataStatus {
     pub error_message: Option<String>,
 }
 
-/// Metal3DataClaim: a Metal3Machine's request for rendered data from a template.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "infrastructure.cluster.x-k8s.io",
@@ -602,6 +633,7 @@ pub struct Metal3DataStatus {
     shortname = "metal3dataclaim",
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3DataClaim"}"#
 )]
+/// Metal3DataClaim: a Metal3Machine's request for rendered data from a template.
 pub struct Metal3DataClaimSpec {
     #[serde(default)]
     pub template: Metal3ObjectRef,
@@ -616,6 +648,7 @@ pub struct Metal3ObjectRef {
     pub namespace: Option<String>,
 }
 
+/// The Metal3Data rendered for a claim, or why there is none.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Metal3DataClaimStatus {

@@ -19,6 +19,7 @@ pub const BARE_METAL_HOST_ANNOTATION: &str = "metal3.io/BareMetalHost";
     schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
+/// The part of a Metal3Machine's spec that the Metal3Data reconciler reads.
 pub struct Metal3MachineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_template: Option<ObjectReference>,
@@ -54,6 +55,7 @@ impl From<AnyMetal3Machine> for Metal3Machine {
     }
 }
 
+/// The part of a Metal3Machine's status that the Metal3Data reconciler reads and writes.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Metal3MachineStatus {
@@ -75,6 +77,7 @@ pub struct Metal3MachineStatus {
     schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
+/// The part of a BareMetalHost's spec that the Metal3Data reconciler reads.
 pub struct BareMetalHostSpec {
     #[serde(
         rename = "bootMACAddress",
@@ -84,18 +87,21 @@ pub struct BareMetalHostSpec {
     pub boot_mac_address: Option<String>,
 }
 
+/// The part of a BareMetalHost's status that the Metal3Data reconciler reads.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct BareMetalHostStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hardware: Option<HardwareDetails>,
 }
 
+/// The hardware the host's inspection found.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct HardwareDetails {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nics: Vec<Nic>,
 }
 
+/// One network interface of a host: its name and MAC address.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Nic {
     #[serde(default)]

@@ -11,11 +11,16 @@ use serde::{Deserialize, Serialize};
 
 use super::AllocationStrategy;
 
+/// The API group of Metal3's IPPool, IPClaim and IPAddress.
 pub const GROUP: &str = "ipam.metal3.io";
+/// The kind of Metal3's address pool.
 pub const POOL_KIND: &str = "IPPool";
 
+/// On an IPPool: held while any address is allocated from it.
 pub const POOL_FINALIZER: &str = "ippool.ipam.metal3.io";
+/// On an IPClaim: held until its address is released.
 pub const CLAIM_FINALIZER: &str = "ipclaim.ipam.metal3.io";
+/// On a Metal3 IPAddress: held until its claim releases it.
 pub const ADDRESS_FINALIZER: &str = "ipaddress.ipam.metal3.io";
 /// On a CAPI IPAddressClaim served by a Metal3 pool.
 pub const CAPI_CLAIM_FINALIZER: &str = "ipam.metal3.io/ipaddressclaim";
@@ -26,7 +31,6 @@ pub const REQUESTED_ADDRESS_ANNOTATION: &str = "ipAddress";
 /// The provider label value Metal3 puts on pools that name a Cluster.
 pub const PROVIDER_LABEL_VALUE: &str = "ipam-metal3";
 
-/// IPPool: address ranges, handed out to IPClaims (and CAPI IPAddressClaims) in declaration order.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.metal3.io",
@@ -53,6 +57,7 @@ pub const PROVIDER_LABEL_VALUE: &str = "ipam-metal3";
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status","description":"Whether the pool serves claims"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// IPPool: address ranges, handed out to IPClaims (and CAPI IPAddressClaims) in declaration order.
 pub struct IPPoolSpec {
     /// The Cluster this pool belongs to: labels, an owner reference, and pause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -127,6 +132,7 @@ pub struct Metal3PoolRange {
     pub dns_servers: Vec<String>,
 }
 
+/// What an IPPool holds: its allocations, counts and conditions.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPPoolStatus {
@@ -171,7 +177,6 @@ pub struct IPPoolStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// IPClaim: a request for one address from the IPPool in `spec.pool`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.metal3.io",
@@ -191,10 +196,12 @@ pub struct IPPoolStatus {
     shortname = "metal3ipclaims",
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3IPClaim"}"#
 )]
+/// IPClaim: a request for one address from the IPPool in `spec.pool`.
 pub struct IPClaimSpec {
     pub pool: ObjectReference,
 }
 
+/// What became of an IPClaim: its address, or why there is none.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPClaimStatus {
@@ -206,7 +213,6 @@ pub struct IPClaimStatus {
     pub error_message: Option<String>,
 }
 
-/// Metal3's IPAddress (`ipam.metal3.io`), named `<namePrefix>-<address with . and : as ->`.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "ipam.metal3.io",
@@ -227,6 +233,7 @@ pub struct IPClaimStatus {
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp","description":"Time duration since creation of Metal3IPAddress"}"#
 )]
 #[serde(rename_all = "camelCase")]
+/// Metal3's IPAddress (`ipam.metal3.io`), named `<namePrefix>-<address with . and : as ->`.
 pub struct Metal3IPAddressSpec {
     pub claim: ObjectReference,
     pub pool: ObjectReference,

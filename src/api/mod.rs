@@ -24,7 +24,12 @@ pub mod labels {
     pub const HANDED_TO_BITPOOL: &str = "bitpool";
     /// The provider label `clusterctl` and Metal3 put on provider-owned objects.
     pub const PROVIDER: &str = "cluster.x-k8s.io/provider";
+    /// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
+    pub const WATCH_FILTER: &str = "cluster.x-k8s.io/watch-filter";
 }
+
+/// The field manager of bitpool's server-side applies, as `managedFields` name it.
+pub const FIELD_MANAGER: &str = "bitpool";
 
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;

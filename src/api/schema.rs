@@ -82,22 +82,27 @@ pub(crate) fn ip_subnet_pattern() -> String {
     format!("((^{ipv4}/{v4_len}$)|(^{ipv6}/{v6_len}$))")
 }
 
+/// An IPv4 or IPv6 address, as upstream's pattern spells it.
 pub(crate) fn ip_address(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "string", "pattern": ip_address_pattern() })
 }
 
+/// An optional address: the same schema as [`ip_address`].
 pub(crate) fn optional_ip_address(generator: &mut SchemaGenerator) -> Schema {
     ip_address(generator)
 }
 
+/// A list of addresses.
 pub(crate) fn ip_address_list(generator: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "array", "items": ip_address(generator) })
 }
 
+/// A map whose values are addresses.
 pub(crate) fn ip_address_map(generator: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "object", "additionalProperties": ip_address(generator) })
 }
 
+/// An optional address with a prefix length ([`ip_subnet_pattern`]).
 pub(crate) fn optional_ip_subnet(_: &mut SchemaGenerator) -> Schema {
     json_schema!({ "type": "string", "pattern": ip_subnet_pattern() })
 }

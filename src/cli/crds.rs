@@ -8,6 +8,7 @@ use clap::Args;
 use super::Error;
 use crate::crds;
 
+/// The flags of `bitpool crds`.
 #[derive(Debug, Args)]
 pub struct CrdsArgs {
     /// Write one file per CRD (plus a kustomization) under this directory instead of printing.

@@ -20,6 +20,7 @@ use crate::inspect::who_has::{self, Holding, Query};
 use crate::inspect::{Scope, Snapshot, table};
 use crate::ipam::kinds::AnyClaim;
 
+/// How the inspect commands print.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Table,
@@ -44,6 +45,7 @@ pub struct Target {
     pub output: Format,
 }
 
+/// The flags of `bitpool pools`.
 #[derive(Debug, Args)]
 pub struct PoolsArgs {
     #[command(flatten)]
@@ -53,6 +55,7 @@ pub struct PoolsArgs {
     pub wide: bool,
 }
 
+/// The flags of `bitpool who-has`.
 #[derive(Debug, Args)]
 pub struct WhoHasArgs {
     #[command(flatten)]
@@ -62,6 +65,7 @@ pub struct WhoHasArgs {
     pub query: Query,
 }
 
+/// The flags of `bitpool explain`.
 #[derive(Debug, Args)]
 pub struct ExplainArgs {
     #[command(flatten)]
@@ -71,6 +75,7 @@ pub struct ExplainArgs {
     pub claim: ClaimName,
 }
 
+/// The flags of `bitpool check`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     #[command(flatten)]

@@ -5,10 +5,12 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::Error;
+use crate::api::FIELD_MANAGER;
 use crate::api::capi_pools::InClusterIPPool;
 use crate::api::metal3_ipam::{IPPool, Metal3IPAddress};
-use crate::{crds, migrate};
+use crate::migrate;
 
+/// The flags of `bitpool migrate`.
 #[derive(Debug, Args)]
 pub struct MigrateArgs {
     /// Read IPPools and Metal3 IPAddresses from these YAML files instead of the cluster.
@@ -163,7 +165,7 @@ async fn apply_migrations(
     client: &kube::Client,
     migrations: &[migrate::Migration],
 ) -> Result<(), Error> {
-    let params = kube::api::PatchParams::apply(crds::FIELD_MANAGER);
+    let params = kube::api::PatchParams::apply(FIELD_MANAGER);
     for migration in migrations {
         let pool = &migration.pool;
         let name = pool.metadata.name.clone().unwrap_or_default();

@@ -20,6 +20,7 @@ use crate::net::http;
 use crate::ops::lease;
 use crate::runtime;
 
+/// The command line: one of [`Command`].
 #[derive(Debug, Parser)]
 #[command(name = "bitpool", version = crate::VERSION_AND_COMMIT, about = "IP address management for bare-metal Kubernetes", long_about = None)]
 pub struct Cli {
@@ -27,6 +28,7 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The commands bitpool has.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the controllers against $KUBECONFIG, or the in-cluster configuration.
@@ -61,6 +63,7 @@ pub enum Answer {
     No,
 }
 
+/// A group of controllers, as `--controllers` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ControllerGroup {
     CapiIpam,
@@ -69,6 +72,7 @@ pub enum ControllerGroup {
     Metal3Data,
 }
 
+/// The runtime's groups, each on when `selected` names it.
 pub(crate) fn groups(selected: &[ControllerGroup]) -> runtime::Groups {
     runtime::Groups {
         capi_ipam: selected.contains(&ControllerGroup::CapiIpam),
@@ -78,6 +82,7 @@ pub(crate) fn groups(selected: &[ControllerGroup]) -> runtime::Groups {
     }
 }
 
+/// Why a command could not do its work (or, for `migrate --check`, answered no).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -130,6 +135,7 @@ impl Error {
     }
 }
 
+/// Runs the command `cli` names.
 pub async fn execute(cli: Cli) -> Result<Answer, Error> {
     let done = |result: Result<(), Error>| result.map(|()| Answer::Yes);
     match cli.command {

@@ -6,6 +6,7 @@ use clap::Args;
 
 use super::{ControllerGroup, Error, groups};
 
+/// The flags of `bitpool rbac`.
 #[derive(Debug, Args)]
 pub struct RbacArgs {
     /// The controller groups the roles are for (as `run --controllers`).

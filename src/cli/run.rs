@@ -16,6 +16,7 @@ use crate::ops::metrics::Metrics;
 use crate::ops::{self, Ops, lease};
 use crate::{crds, ipam, manager, runtime};
 
+/// The flags of `bitpool run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Log format.
@@ -241,6 +242,7 @@ impl WebhookArgs {
     }
 }
 
+/// The format of the log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,

@@ -155,6 +155,7 @@ impl<S> Layer<S> for ClockLayer {
     }
 }
 
+/// The service [`ClockLayer`] wraps: reads the server's `Date` from each response.
 #[derive(Clone)]
 pub struct Clocked<S> {
     inner: S,

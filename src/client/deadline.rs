@@ -43,6 +43,7 @@ pub enum Side {
     Wire,
 }
 
+/// Bounds requests by their deadline, as its [`Side`] says.
 #[derive(Clone, Copy, Debug)]
 pub struct DeadlineLayer(pub Side);
 
@@ -57,6 +58,7 @@ impl<S> Layer<S> for DeadlineLayer {
     }
 }
 
+/// The service [`DeadlineLayer`] wraps.
 #[derive(Clone)]
 pub struct Bounded<S> {
     inner: S,

@@ -10,13 +10,14 @@ use serde_json::json;
 
 use super::plan::{ClaimState, Endpoint, Step, plan};
 use super::reference::{self, ClaimFor, DEFAULT_PORT, EndpointPool, FIELD};
+use crate::api::FIELD_MANAGER;
 use crate::api::capi::{Cluster, IPAddressClaim};
-use crate::crds::FIELD_MANAGER;
+use crate::api::labels::WATCH_FILTER;
 use crate::ops::events::Reason;
 use crate::runtime::cached::Uid;
 use crate::runtime::error::{Call, Verb};
 use crate::runtime::objects;
-use crate::runtime::{Context, Error, WATCH_FILTER_LABEL};
+use crate::runtime::{Context, Error};
 
 /// Reconciles one Cluster: nothing unless it names an endpoint pool.
 pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -29,9 +30,7 @@ pub async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Context>) -> Result<Actio
     }
     // Clusters are cached unfiltered (for pause); a `--watch-filter` process serves its own.
     let filter = ctx.settings.watch_filter.as_deref();
-    if filter
-        .is_some_and(|f| cluster.labels().get(WATCH_FILTER_LABEL).map(String::as_str) != Some(f))
-    {
+    if filter.is_some_and(|f| cluster.labels().get(WATCH_FILTER).map(String::as_str) != Some(f)) {
         return Ok(Action::await_change());
     }
     let namespace = cluster
@@ -106,7 +105,7 @@ async fn apply(
                 cluster: &name,
                 owner: reference::owner(&Cluster::api_version(&()), &name, uid),
                 pool,
-                watch_filter: cluster.labels().get(WATCH_FILTER_LABEL).map(String::as_str),
+                watch_filter: cluster.labels().get(WATCH_FILTER).map(String::as_str),
                 requested: requested.as_deref(),
             });
             create_claim(ctx, namespace, &claim).await?;

@@ -1,5 +1,6 @@
 //! A cluster's control-plane endpoint from a pool (issue 30, item 4): a Cluster or a
-//! Metal3Cluster names an address pool in the [`reference::POOL_ANNOTATION`] annotation; bitpool
+//! Metal3Cluster names an address pool in the
+//! [`ENDPOINT_POOL_ANNOTATION`](crate::api::capi::ENDPOINT_POOL_ANNOTATION) annotation; bitpool
 //! claims one address for the Cluster (an IPAddressClaim it owns, so the address goes back when
 //! the Cluster goes) and writes it into the endpoint's host where that is empty.
 //!

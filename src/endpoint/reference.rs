@@ -1,23 +1,20 @@
-//! The annotation that names a cluster's endpoint pool, and the claim bitpool makes for it.
+//! The pool a cluster's endpoint annotation names, and the claim bitpool makes for it.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::api::capi::{IPAddressClaim, IPAddressClaimSpec, IPPoolReference};
+use crate::api::capi::{
+    ENDPOINT_CLAIM_LABEL, ENDPOINT_POOL_ANNOTATION, IPAddressClaim, IPAddressClaimSpec,
+    IPPoolReference,
+};
 use crate::api::labels;
 use crate::api::metal3_ipam::REQUESTED_ADDRESS_ANNOTATION;
 use crate::ipam::key::{PoolKey, PoolKind};
-use crate::runtime::WATCH_FILTER_LABEL;
 
-/// On a Cluster or a Metal3Cluster: the pool its control-plane endpoint comes from, as
-/// `<kind>/<name>` (`InClusterIPPool/vips`, `GlobalInClusterIPPool/vips`, `IPPool/vips`).
-pub const POOL_ANNOTATION: &str = "ipam.bitpool.dev/control-plane-endpoint-pool";
-/// On the claims bitpool makes for an endpoint (`kubectl get ipaddressclaims -l …` lists them).
-pub const CLAIM_LABEL: &str = "ipam.bitpool.dev/control-plane-endpoint";
 /// The port written where an endpoint has none: the API server's, as kubeadm and CAPM3 default it.
 pub const DEFAULT_PORT: i32 = 6443;
-/// What the annotation is, for messages that name it.
+/// What the annotation ([`ENDPOINT_POOL_ANNOTATION`]) is, for messages that name it.
 pub const FIELD: &str = "metadata.annotations[ipam.bitpool.dev/control-plane-endpoint-pool]";
 
 /// The address pool an endpoint comes from.
@@ -78,7 +75,7 @@ impl EndpointPool {
 
     /// The pool an object's annotation names; `None` when it has no annotation.
     pub fn of(meta: &ObjectMeta) -> Option<Result<Self, ReferenceError>> {
-        let value = meta.annotations.as_ref()?.get(POOL_ANNOTATION)?;
+        let value = meta.annotations.as_ref()?.get(ENDPOINT_POOL_ANNOTATION)?;
         Some(Self::parse(value))
     }
 
@@ -121,7 +118,7 @@ pub fn claim_name(cluster: &str) -> String {
 
 /// The Cluster an endpoint claim was made for, from its labels (`label` looks one up).
 pub fn cluster_of_claim<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Option<&'a str> {
-    label(CLAIM_LABEL)?;
+    label(ENDPOINT_CLAIM_LABEL)?;
     label(labels::CLUSTER_NAME)
 }
 
@@ -150,10 +147,10 @@ pub fn claim(of: ClaimFor<'_>) -> IPAddressClaim {
     } = of;
     let mut claim_labels = BTreeMap::from([
         (labels::CLUSTER_NAME.to_string(), cluster.to_string()),
-        (CLAIM_LABEL.to_string(), "true".to_string()),
+        (ENDPOINT_CLAIM_LABEL.to_string(), "true".to_string()),
     ]);
     if let Some(value) = watch_filter {
-        claim_labels.insert(WATCH_FILTER_LABEL.to_string(), value.to_string());
+        claim_labels.insert(labels::WATCH_FILTER.to_string(), value.to_string());
     }
     IPAddressClaim {
         metadata: ObjectMeta {
@@ -193,6 +190,14 @@ pub fn owner(api_version: &str, cluster: &str, uid: &str) -> OwnerReference {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_field_in_messages_is_the_annotation() {
+        assert_eq!(
+            FIELD,
+            format!("metadata.annotations[{ENDPOINT_POOL_ANNOTATION}]")
+        );
+    }
 
     #[test]
     fn the_annotation_names_an_address_pool_by_kind_and_name() {
@@ -293,7 +298,7 @@ mod tests {
             Some("c1")
         );
         assert_eq!(
-            claim_labels.get(WATCH_FILTER_LABEL).map(String::as_str),
+            claim_labels.get(labels::WATCH_FILTER).map(String::as_str),
             Some("test-7")
         );
         let owners = claim.metadata.owner_references.unwrap_or_default();

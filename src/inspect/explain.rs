@@ -64,6 +64,7 @@ pub struct Explanation {
 }
 
 impl Explanation {
+    /// The sentences as one paragraph.
     pub fn paragraph(&self) -> String {
         self.sentences.join(" ")
     }

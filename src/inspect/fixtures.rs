@@ -15,9 +15,12 @@ use crate::api::capi::{
 use crate::api::capi_pools::{InClusterIPPool, InClusterIPPoolSpec};
 use crate::ipam::ledger::Ledger;
 
+/// The namespace of the fixtures' claims.
 pub const NS: &str = "tenant";
+/// The time the fixtures are read at.
 pub const NOW: &str = "2026-12-04T12:00:00Z";
 
+/// A reference to the CAPI pool `pool` of `kind`.
 pub fn reference(kind: &str, pool: &str) -> IPPoolReference {
     IPPoolReference {
         api_group: capi::GROUP.into(),
@@ -26,6 +29,7 @@ pub fn reference(kind: &str, pool: &str) -> IPPoolReference {
     }
 }
 
+/// An InClusterIPPool in [`NS`] with `addresses`, each given `prefix`.
 pub fn capi_pool(name: &str, addresses: &[&str], prefix: i32) -> AnyPool {
     let mut pool = InClusterIPPool::new(
         name,
@@ -40,6 +44,7 @@ pub fn capi_pool(name: &str, addresses: &[&str], prefix: i32) -> AnyPool {
     AnyPool::InCluster(pool)
 }
 
+/// A claim in [`NS`] of the InClusterIPPool `pool`, not yet served.
 pub fn claim(name: &str, pool: &str) -> IPAddressClaim {
     let mut claim = IPAddressClaim::new(
         name,

@@ -56,14 +56,17 @@ pub struct StatusCounts {
 }
 
 impl AnyPool {
+    /// The pool's kind, namespace and name.
     pub fn key(&self) -> PoolKey {
         with_pool!(self, pool => pool.key())
     }
 
+    /// The pool's metadata.
     pub fn meta(&self) -> &ObjectMeta {
         with_pool!(self, pool => pool.meta())
     }
 
+    /// The pool's metadata, to change.
     pub fn meta_mut(&mut self) -> &mut ObjectMeta {
         with_pool!(self, pool => pool.meta_mut())
     }
@@ -93,10 +96,12 @@ impl AnyPool {
         objects::is_paused(self.meta())
     }
 
+    /// Whether the pool is being deleted.
     pub fn deleting(&self) -> bool {
         self.meta().deletion_timestamp.is_some()
     }
 
+    /// The conditions on the pool's status; none without one.
     pub fn conditions(&self) -> &[Condition] {
         let conditions = match self {
             AnyPool::InCluster(p) => p.status.as_ref().map(|s| &s.conditions),
@@ -108,6 +113,7 @@ impl AnyPool {
         conditions.map_or(&[], Vec::as_slice)
     }
 
+    /// The condition of `type_`, if the pool has one.
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions().iter().find(|c| c.type_ == type_)
     }

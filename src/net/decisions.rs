@@ -33,6 +33,7 @@ impl<K: Hash + Eq, V: Clone> Remembered<K, V> {
         (now.duration_since(*at) < DECISION_TTL).then(|| decision.clone())
     }
 
+    /// Remembers `decision` about `key`, made at `now`; full, it first forgets expired ones.
     pub fn put(&self, key: K, now: Instant, decision: V) {
         let Ok(mut entries) = self.entries.lock() else {
             return;

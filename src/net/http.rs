@@ -20,10 +20,13 @@ use tokio::sync::Semaphore;
 use tokio::time::timeout;
 use tokio_rustls::TlsAcceptor;
 
+/// A response with its whole body.
 pub type Reply = Response<Full<Bytes>>;
+/// Answers one request.
 pub type Handler =
     Arc<dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Reply> + Send>> + Send + Sync>;
 
+/// A port that could not be bound, and for which server.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot listen on {addr} for {what}: {source}")]
 pub struct BindError {
@@ -57,6 +60,7 @@ pub const MAX_CONNECTIONS: usize = 4096;
 /// (also while a kept-alive connection waits for its next request): idle and half-open
 /// connections are closed after it.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The same bound on a request's headers (HTTP/1) and on keep-alive pings (HTTP/2).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long accepting pauses after an error (out of file descriptors: retrying at once would
 /// spin).

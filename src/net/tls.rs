@@ -18,8 +18,10 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// The file names cert-manager writes (`--webhook-cert-name`, `--webhook-key-name` default).
 pub const CERT_FILE: &str = "tls.crt";
+/// The key's file name, beside [`CERT_FILE`].
 pub const KEY_FILE: &str = "tls.key";
 
+/// Why the certificate or key could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("cannot read {path}: {source}")]

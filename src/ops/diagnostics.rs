@@ -21,6 +21,7 @@ use super::metrics::{CONTENT_TYPE, Metrics};
 use crate::net::decisions::Remembered;
 use crate::net::http::{self, Reply};
 
+/// The path Prometheus scrapes.
 pub const METRICS_PATH: &str = "/metrics";
 
 /// Who may read the metrics.

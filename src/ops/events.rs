@@ -51,6 +51,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reason as Events carry it.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::AddressAllocated => "AddressAllocated",

@@ -30,6 +30,7 @@ pub struct ElectionSettings {
     pub renew_deadline: Duration,
 }
 
+/// Why this process cannot take part in leader election.
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
     #[error(
@@ -65,6 +66,7 @@ impl Leadership {
         }
     }
 
+    /// Whether this process holds the lease now (always, without leader election).
     pub fn is_leading(&self) -> bool {
         *self.leading.borrow()
     }

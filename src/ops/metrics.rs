@@ -87,6 +87,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric at zero, registered under the `bitpool_` prefix.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("bitpool");
         let metrics = Self {
@@ -272,18 +273,22 @@ impl Metrics {
         }
     }
 
+    /// Counts `count` addresses allocated from a pool of `pool_kind`.
     pub fn allocated(&self, pool_kind: &str, count: usize) {
         self.count(&self.allocations, pool_kind, count);
     }
 
+    /// Counts `count` addresses released to a pool of `pool_kind`.
     pub fn released(&self, pool_kind: &str, count: usize) {
         self.count(&self.releases, pool_kind, count);
     }
 
+    /// Counts one ledger write that lost a race with another writer.
     pub fn ledger_conflict(&self, pool_kind: &str) {
         self.count(&self.ledger_conflicts, pool_kind, 1);
     }
 
+    /// Counts one claim a pool refused for who it is (not for want of addresses), by reason.
     pub fn claim_refused(&self, pool_kind: &str, reason: &str) {
         self.claims_refused
             .get_or_create(&RefusalLabels {
@@ -293,6 +298,7 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one ledger rebuilt from the live address objects.
     pub fn ledger_rebuilt(&self, pool_kind: &str) {
         self.count(&self.ledger_rebuilds, pool_kind, 1);
     }
@@ -307,6 +313,7 @@ impl Metrics {
         }
     }
 
+    /// Records how long one reconcile by `controller` took.
     pub fn reconciled(&self, controller: &str, took: Duration) {
         self.reconcile_duration
             .get_or_create(&ControllerLabels {
@@ -315,6 +322,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Counts one failed reconcile by `controller`, by reason.
     pub fn reconcile_failed(&self, controller: &str, reason: &str) {
         self.reconcile_errors
             .get_or_create(&ErrorLabels {
@@ -335,6 +343,7 @@ impl Metrics {
         }
     }
 
+    /// Counts one Event not sent because of the Event rate limit.
     pub fn event_dropped(&self) {
         self.events_dropped.inc();
     }

@@ -28,6 +28,7 @@ pub struct Ops {
 }
 
 impl Ops {
+    /// Not ready until [`Self::mark_caches_synced`].
     pub fn new(metrics: Arc<Metrics>, events: Events, leadership: Leadership) -> Self {
         Self {
             metrics,
@@ -37,6 +38,7 @@ impl Ops {
         }
     }
 
+    /// The caches are complete: this process may report ready.
     pub fn mark_caches_synced(&self) {
         self.caches_synced.store(true, Ordering::SeqCst);
     }

@@ -23,11 +23,10 @@ use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,
 };
+use crate::api::labels::WATCH_FILTER;
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool, Metal3IPAddress};
 
-/// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
-pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 /// Events buffered per subscriber of a shared watch.
 const SUBSCRIBE_BUFFER: usize = 1024;
 
@@ -44,7 +43,7 @@ where
 fn watch_config(settings: &Settings, filtered: bool) -> watcher::Config {
     let config = watcher::Config::default().any_semantic();
     match (&settings.watch_filter, filtered) {
-        (Some(value), true) => config.labels(&format!("{WATCH_FILTER_LABEL}={value}")),
+        (Some(value), true) => config.labels(&format!("{WATCH_FILTER}={value}")),
         _ => config,
     }
 }
@@ -91,6 +90,7 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     ObjectRef<K>: Hash + Eq,
 {
+    /// An empty cache, filled once its watch starts.
     pub(crate) fn new() -> Self {
         let (store, writer) = reflector::store_shared(SUBSCRIBE_BUFFER);
         Self {

@@ -37,6 +37,7 @@ pub struct Groups {
 }
 
 impl Groups {
+    /// Every controller group on.
     pub const ALL: Groups = Groups {
         capi_ipam: true,
         metal3_ipam: true,
@@ -273,6 +274,7 @@ impl Context {
         error::backoff(error.retry(), failures)
     }
 
+    /// Records a successful reconcile of `object`: its next failure backs off from the start.
     pub fn succeeded(&self, object: &str) {
         if let Ok(mut map) = self.state.failures.lock() {
             map.remove(object);
@@ -284,6 +286,7 @@ impl Context {
         self.state.shutdown.store(true, Ordering::SeqCst);
     }
 
+    /// Whether [`Self::begin_shutdown`] was called.
     pub fn shutting_down(&self) -> bool {
         self.state.shutdown.load(Ordering::SeqCst)
     }

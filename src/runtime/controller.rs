@@ -85,6 +85,7 @@ pub struct Switch<'a> {
 }
 
 impl Switch<'_> {
+    /// `controller` configured to run, if its group is on.
     pub fn when<K>(
         &self,
         group_on: bool,

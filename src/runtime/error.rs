@@ -10,6 +10,7 @@ use kube::api::Api;
 
 use crate::client::deadline::DeadlineExceeded;
 
+/// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A call to the API server, named with the object it was about.
@@ -98,6 +99,7 @@ pub enum Retry {
 }
 
 impl Error {
+    /// A failed API call: `verb` on `object`.
     pub fn api(verb: Verb, object: impl Into<String>, source: kube::Error) -> Self {
         Error::Api {
             verb,
@@ -142,6 +144,7 @@ impl Error {
         }
     }
 
+    /// How soon the failed reconcile is retried.
     pub fn retry(&self) -> Retry {
         if let Some(s) = self.status() {
             let soon = s.is_conflict()

@@ -28,6 +28,5 @@ pub mod objects;
 pub mod selection;
 pub mod trigger;
 
-pub use cache::WATCH_FILTER_LABEL;
 pub use context::{Context, Groups, Settings};
 pub use error::Error;

@@ -16,6 +16,7 @@ use super::cached::{Meta, Owner, Uid};
 use super::error::{Call, Error, Verb, object_of};
 use crate::api::labels;
 
+/// Whether `meta` lists `finalizer`.
 pub fn has_finalizer(meta: &ObjectMeta, finalizer: &str) -> bool {
     meta.finalizers.iter().flatten().any(|f| f == finalizer)
 }
@@ -81,6 +82,7 @@ impl<'a, I: Iterator<Item = &'a str>> Finalizers<'a, I> {
     }
 }
 
+/// Makes `finalizer` present on `object` or absent, unless it changed since it was read.
 pub async fn set_finalizer<K>(
     api: &Api<K>,
     object: &K,
@@ -99,6 +101,7 @@ where
     listed.set(api, finalizer, present).await
 }
 
+/// Adds `finalizer` to `object` (see [`set_finalizer`]).
 pub async fn add_finalizer<K>(
     api: &Api<K>,
     object: &K,
@@ -110,6 +113,7 @@ where
     set_finalizer(api, object, finalizer, true).await
 }
 
+/// Removes `finalizer` from `object` (see [`set_finalizer`]).
 pub async fn remove_finalizer<K>(
     api: &Api<K>,
     object: &K,
@@ -198,6 +202,7 @@ pub fn now() -> Time {
     Time(crate::client::clock::now())
 }
 
+/// A condition of `type_`, True or False, stamped now (see [`now`]).
 pub fn condition(
     type_: &str,
     ready: bool,

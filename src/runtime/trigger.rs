@@ -76,6 +76,7 @@ impl<R> Triggers<R>
 where
     R: Clone + Hash + Eq + Send + 'static,
 {
+    /// No sources yet: add them with [`Self::with`].
     pub fn new() -> Self {
         Self {
             sources: Vec::new(),

@@ -16,12 +16,13 @@ use serde_json::{Value, json};
 
 use super::Webhooks;
 use super::admission::{AdmissionError, get};
-use crate::api::capi::{Cluster, IPAddress, IPAddressClaim, READY_CONDITION};
-use crate::crds::FIELD_MANAGER;
-use crate::endpoint::reference::{
-    self, ClaimFor, DEFAULT_PORT, EndpointPool, FIELD, POOL_ANNOTATION,
+use crate::api::FIELD_MANAGER;
+use crate::api::capi::{
+    Cluster, ENDPOINT_POOL_ANNOTATION as POOL_ANNOTATION, IPAddress, IPAddressClaim,
+    READY_CONDITION,
 };
-use crate::runtime::WATCH_FILTER_LABEL;
+use crate::api::labels::WATCH_FILTER as WATCH_FILTER_LABEL;
+use crate::endpoint::reference::{self, ClaimFor, DEFAULT_PORT, EndpointPool, FIELD};
 
 /// How long the mutating webhook waits for the endpoint claim's address. The shipped webhook
 /// configuration gives the call [`WEBHOOK_TIMEOUT_SECONDS`], so the answer, whichever it is,

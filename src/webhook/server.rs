@@ -25,10 +25,14 @@ const BODIES_AT_ONCE: usize = 32;
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 static BODIES: Semaphore = Semaphore::const_new(BODIES_AT_ONCE);
 
+/// The path of ConversionReviews for the CRDs' conversion webhooks.
 pub const CONVERT_PATH: &str = "/convert";
+/// The path of AdmissionReviews for the validating webhooks.
 pub const VALIDATE_PATH: &str = "/validate";
+/// The path of AdmissionReviews for the mutating webhooks.
 pub const MUTATE_PATH: &str = "/mutate";
 
+/// Why the webhook server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(transparent)]

@@ -319,7 +319,7 @@ pub async fn versions(env: &Env) -> BTreeMap<String, String> {
     collect!(ConfigMap, "ConfigMap");
     let labelled = ListParams::default().labels(&format!(
         "{}={}",
-        bitpool::runtime::WATCH_FILTER_LABEL,
+        bitpool::api::labels::WATCH_FILTER,
         env.name()
     ));
     collect_global::<GlobalInClusterIPPool>(env, &labelled, &mut out).await;

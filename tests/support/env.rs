@@ -164,7 +164,7 @@ async fn delete_global_pools(client: &Client, namespace: &str) {
     use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
     let labelled = ListParams::default().labels(&format!(
         "{}={namespace}",
-        bitpool::runtime::WATCH_FILTER_LABEL
+        bitpool::api::labels::WATCH_FILTER
     ));
     let clear = Patch::Merge(serde_json::json!({ "metadata": { "finalizers": null } }));
     for resource in [
@@ -218,7 +218,7 @@ impl Env {
             namespace: Some(self.ns.name.clone()),
             labels: Some(
                 [(
-                    bitpool::runtime::WATCH_FILTER_LABEL.to_string(),
+                    bitpool::api::labels::WATCH_FILTER.to_string(),
                     self.ns.name.clone(),
                 )]
                 .into(),

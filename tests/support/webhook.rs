@@ -180,7 +180,7 @@ impl Registered {
             .flat_map(|file| read_manifests(std::path::Path::new(file)))
             .collect();
         let selector = serde_json::json!({"matchLabels": {
-            bitpool::runtime::WATCH_FILTER_LABEL: env.name()
+            bitpool::api::labels::WATCH_FILTER: env.name()
         }});
         let prefix = format!("bitpool-test-{}-{n}", env.name());
         let made = register(

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use bitpool::api::capi::{IPAddress, IPAddressSpec, IPPoolReference, LocalObjectName};
+use bitpool::api::capi::{GROUP, IPAddress, IPAddressSpec, IPPoolReference, LocalObjectName};
 use bitpool::api::capi_pools::InClusterIPPool;
 use bitpool::ipam::ledger::{Ledger, LedgerRef};
 use bitpool::webhook::{Phase, Webhooks};
@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-use crate::workload::{Load, POOL_GROUP, POOL_KIND};
+use crate::workload::{Load, POOL_KIND};
 
 const NAMESPACE: &str = "load-admission";
 const POOL: &str = "admission";
@@ -121,7 +121,7 @@ fn address_object(ip: std::net::Ipv4Addr) -> IPAddress {
             pool_ref: IPPoolReference {
                 name: POOL.into(),
                 kind: POOL_KIND.into(),
-                api_group: POOL_GROUP.into(),
+                api_group: GROUP.into(),
             },
             address: ip.to_string(),
             prefix: 16,
@@ -142,8 +142,8 @@ fn review(
         "kind": "AdmissionReview",
         "request": {
             "uid": "load-admission",
-            "kind": {"group": POOL_GROUP, "version": "v1alpha2", "kind": POOL_KIND},
-            "resource": {"group": POOL_GROUP, "version": "v1alpha2", "resource": "inclusterippools"},
+            "kind": {"group": GROUP, "version": "v1alpha2", "kind": POOL_KIND},
+            "resource": {"group": GROUP, "version": "v1alpha2", "resource": "inclusterippools"},
             "name": pool.name_any(),
             "namespace": NAMESPACE,
             "operation": operation,

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+/// A webhook serving certificate in `dir`, and the CA that signed it.
 pub struct Certs {
     pub dir: PathBuf,
     /// The CA, for a CRD's conversion webhook to trust.
@@ -10,6 +11,7 @@ pub struct Certs {
 }
 
 impl Certs {
+    /// Makes a CA and a certificate for 127.0.0.1 in `dir`.
     pub fn generate(dir: &Path) -> Result<Self, String> {
         let failed = |e: &dyn std::fmt::Display| {
             format!(

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::workload::Pool;
 
+/// Which claims a run makes, on which pools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavour {
     /// IPAddressClaims on InClusterIPPools (the in-cluster provider's ground).
@@ -27,6 +28,7 @@ pub enum Flavour {
 type Field = &'static str;
 
 impl Flavour {
+    /// The flavour as the report names it.
     pub fn describe(self) -> &'static str {
         match self {
             Self::CapiOnInCluster => "IPAddressClaims on InClusterIPPool",
@@ -43,6 +45,7 @@ impl Flavour {
         self == Self::Metal3OnMetal3
     }
 
+    /// The flavour's pool kind.
     pub fn pools(self) -> ApiResource {
         match self.metal3_pool() {
             true => ApiResource::erase::<IPPool>(&()),
@@ -50,6 +53,7 @@ impl Flavour {
         }
     }
 
+    /// The flavour's claim kind.
     pub fn claims(self) -> ApiResource {
         match self.metal3_claims() {
             true => ApiResource::erase::<IPClaim>(&()),
@@ -57,6 +61,7 @@ impl Flavour {
         }
     }
 
+    /// The kind of the address objects its claims are served with.
     pub fn addresses(self) -> ApiResource {
         match self.metal3_claims() {
             true => ApiResource::erase::<Metal3IPAddress>(&()),
@@ -127,6 +132,7 @@ impl Flavour {
         text(claim, self.claim_address_name()).filter(|name| !name.is_empty())
     }
 
+    /// The name of the pool `claim` asks for.
     pub fn claim_pool(self, claim: &DynamicObject) -> Option<&str> {
         text(claim, self.claim_pool_name())
     }

@@ -41,6 +41,7 @@ pub enum Setup {
 }
 
 impl Setup {
+    /// Every setup, in the order they run.
     pub const ALL: [Self; 3] = [Self::Upstream, Self::Capm3WithBitpool, Self::Bitpool];
 
     fn describe(self) -> &'static str {
@@ -122,11 +123,13 @@ pub struct HostsRow {
 }
 
 impl HostsRow {
+    /// Whether the setup handed an address out twice or left a host without one.
     pub fn failed(&self) -> bool {
         self.duplicates > 0 || self.misses > 0
     }
 }
 
+/// The rows as a Markdown table.
 pub fn table(rows: &[HostsRow]) -> String {
     let mut out = String::from(
         "| setup | upstream client limits | hosts | every host rendered (s) | hosts/s | IPAM (+ rendering) CPU s | its peak RSS MiB | CAPM3 CPU s | duplicates | misses |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -149,6 +152,7 @@ pub fn table(rows: &[HostsRow]) -> String {
     out
 }
 
+/// Runs the hosts scenario: each setup renders Metal3Data for the same hosts.
 pub struct HostsRunner<'a> {
     pub load: &'a Load,
     pub managers: Managers,
@@ -306,6 +310,7 @@ impl HostsRunner<'_> {
     }
 }
 
+/// The CRDs of one multi-document YAML file.
 pub fn read_crds(file: &Path) -> Result<Vec<CustomResourceDefinition>, String> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| format!("cannot read {}: {e}", file.display()))?;

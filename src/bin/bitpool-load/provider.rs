@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::certs::{Certs, free_port};
 use crate::flavour::Flavour;
 
+/// Which manager a provider runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Bitpool,
@@ -35,6 +36,7 @@ impl Kind {
 /// to a peer for a run at the same limits.
 const BITPOOL_CLIENT_LIMITS: [&str; 2] = ["--kube-api-qps=500", "--kube-api-burst=1000"];
 
+/// A manager to measure: its kind and binary.
 #[derive(Clone, Debug)]
 pub struct Provider {
     pub kind: Kind,
@@ -44,6 +46,7 @@ pub struct Provider {
 }
 
 impl Provider {
+    /// `kind` running `binary`, with no extra flags.
     pub fn new(kind: Kind, binary: PathBuf) -> Self {
         Self {
             kind,
@@ -52,6 +55,7 @@ impl Provider {
         }
     }
 
+    /// The provider's name in reports and file names.
     pub fn name(&self) -> &'static str {
         match self.kind {
             Kind::Bitpool => "bitpool",
@@ -138,6 +142,7 @@ impl Provider {
     }
 }
 
+/// A started provider process, and where it logs.
 pub struct Running {
     child: Child,
     pub started: Instant,
@@ -154,6 +159,7 @@ pub struct Usage {
 }
 
 impl Running {
+    /// The process's CPU seconds so far and its memory, from `/proc`.
     pub fn usage(&self) -> Result<Usage, String> {
         let pid = self.child.id();
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))

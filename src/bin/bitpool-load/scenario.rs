@@ -15,6 +15,7 @@ use crate::workload::{self, Load, Pool, Verdict, Watch};
 const RAW_SAMPLE: usize = 2000;
 const RAW_NAMESPACE: &str = "bitpool-load-raw";
 
+/// How a run's claims meet the provider.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Claims created while the provider runs.
@@ -51,6 +52,7 @@ impl Networks {
 /// How many claims a chunked run makes at a time.
 pub const CHUNK: usize = 500;
 
+/// One run: how many pools and claims, how they are made, of which flavour.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     pub pools: usize,
@@ -61,6 +63,7 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// `pools` pools of `per_pool` claims each, made while the provider runs.
     pub fn burst(pools: usize, per_pool: usize) -> Self {
         Self {
             pools,
@@ -88,6 +91,7 @@ impl Scenario {
         }
     }
 
+    /// `claims` claims in one pool, made while the provider is stopped.
     pub fn backlog(claims: usize) -> Self {
         Self {
             mode: Mode::Backlog,
@@ -95,6 +99,7 @@ impl Scenario {
         }
     }
 
+    /// `claims` claims in one pool, held across a restart of the provider.
     pub fn hold(claims: usize) -> Self {
         Self {
             mode: Mode::Hold,
@@ -102,6 +107,7 @@ impl Scenario {
         }
     }
 
+    /// How many claims the run makes.
     pub fn claims(&self) -> usize {
         self.pools * self.per_pool
     }
@@ -118,6 +124,7 @@ impl Scenario {
         }
     }
 
+    /// The run as the report names it.
     pub fn describe(&self) -> String {
         let what = match self.mode {
             Mode::Burst => "burst",
@@ -179,10 +186,12 @@ impl Row {
         }
     }
 
+    /// Whether the run handed an address out twice or left a claim unserved.
     pub fn failed(&self) -> bool {
         self.verdict.duplicates > 0 || self.verdict.misses > 0
     }
 
+    /// The run's measurements in one line.
     pub fn summary(&self) -> String {
         format!(
             "{} claims in {:.1} s = {:.0}/s ({:.0}% of raw/3, raw {:.0}/s; {} of the contract's {:.0}/s), deleted in {:.1} s ({:.0}% of raw/3; {} of the contract's {:.0}/s), CPU {:.1}+{:.1} s, peak RSS {:.0} MiB, {} duplicates, {} misses",
@@ -278,6 +287,7 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
+/// Runs scenarios against one cluster, each in a namespace of its own.
 pub struct Runner {
     pub load: Load,
     pub kubeconfig: PathBuf,
@@ -302,6 +312,7 @@ struct Run<'a> {
 }
 
 impl Runner {
+    /// Runs `scenario` with `provider` and measures it.
     pub async fn run(&self, provider: &Provider, scenario: &Scenario) -> Result<Row, String> {
         let mut run = self.prepare(provider, scenario).await?;
         let raw_before = self.raw_rate().await?;

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use bitpool::api::capi::{
-    IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference, LocalObjectName,
+    GROUP, IPAddress, IPAddressClaim, IPAddressClaimSpec, IPAddressSpec, IPPoolReference,
+    LocalObjectName,
 };
 use bitpool::api::capi_pools::InClusterIPPool;
 use futures::{StreamExt, stream};
@@ -24,7 +25,7 @@ use kube::{Client, Resource, ResourceExt};
 use crate::flavour::Flavour;
 use crate::provider::Running;
 
-pub const POOL_GROUP: &str = "ipam.cluster.x-k8s.io";
+/// The kind of the pools the load command makes.
 pub const POOL_KIND: &str = "InClusterIPPool";
 /// How often the watch caches of the load command are looked at while waiting.
 const POLL: Duration = Duration::from_millis(50);
@@ -121,6 +122,7 @@ impl Load {
         Api::namespaced_with(self.client.clone(), namespace, resource)
     }
 
+    /// Creates `pools` of `flavour` in `namespace`.
     pub async fn create_pools(
         &self,
         namespace: &str,
@@ -367,7 +369,7 @@ impl ContractStep {
                 let mut address = raw_address(&name);
                 address.metadata.finalizers = Some(vec![PROBE_FINALIZER.into()]);
                 let claim = OwnerReference {
-                    api_version: format!("{POOL_GROUP}/v1beta2"),
+                    api_version: format!("{GROUP}/v1beta2"),
                     kind: "IPAddressClaim".into(),
                     name: name.clone(),
                     uid: claim_uid,
@@ -475,6 +477,8 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// Watches the claims and addresses of `flavour` in `namespace`; returns once both caches
+    /// are filled.
     pub async fn start(load: &Load, namespace: &str, flavour: Flavour) -> Result<Self, String> {
         let (claims, claims_task) = cache(load.api(namespace, &flavour.claims()), flavour.claims());
         let (addresses, addresses_task) = cache(
@@ -495,6 +499,7 @@ impl Watch {
         })
     }
 
+    /// How many claims are served.
     pub fn ready_claims(&self) -> usize {
         let served = |c: &&std::sync::Arc<DynamicObject>| self.flavour.served_by(c).is_some();
         self.claims.state().iter().filter(served).count()
@@ -594,6 +599,7 @@ pub async fn verify(
     Ok(Verdict { duplicates, misses })
 }
 
+/// Every object `api` lists, page by page.
 pub async fn list_all(api: &Api<DynamicObject>) -> Result<Vec<DynamicObject>, String> {
     let mut items = Vec::new();
     let mut params = ListParams::default().limit(500);

@@ -4,20 +4,21 @@
 //! v1beta2 renames the template's metaData `…FromIPPool` lists to `…FromPool`, turns a bond's
 //! `parameters` map into a `[{name, value}]` list and the template's `status.indexes` map into
 //! `[{name, index}]`, drops `templateReference`, and narrows object references to `{name,
-//! namespace}`. What the target version has no place for is kept in [`DATA_ANNOTATION`] — each
-//! field by its JSON pointer — and put back when the object converts to its first version again.
+//! namespace}`. What the target version has no place for is kept in
+//! [`CONVERSION_DATA_ANNOTATION`] — each field by its JSON pointer — and put back when the object
+//! converts to its first version again.
 
 use serde_json::{Map, Value};
 
 use super::shared::{ConversionError, take_annotation};
+use crate::api::metal3_data::CONVERSION_DATA_ANNOTATION;
 
-pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// The apiVersion older CAPM3 stores: served, deprecated.
 pub const V1BETA1: &str = "infrastructure.cluster.x-k8s.io/v1beta1";
+/// The apiVersion CAPM3 1.13 and later store, and bitpool's storage version.
 pub const V1BETA2: &str = "infrastructure.cluster.x-k8s.io/v1beta2";
+/// The kinds converted here.
 pub const KINDS: [&str; 3] = ["Metal3DataTemplate", "Metal3Data", "Metal3DataClaim"];
-/// What one version could not hold: `{"version": <apiVersion it is restored to>, "fields":
-/// {<JSON pointer>: <value>}}`.
-pub const DATA_ANNOTATION: &str = "ipam.bitpool.dev/conversion-data";
 
 /// The metaData lists v1beta2 renamed: (v1beta1, v1beta2).
 pub const RENAMED: [(&str, &str); 4] = [
@@ -215,7 +216,7 @@ fn list_to_map(object: &mut Value, pointer: &str, field: &str, value_key: &str, 
 
 /// Removes this module's annotation and returns what it kept: (version, fields).
 fn take_kept(object: &mut Value) -> Option<(String, Lost)> {
-    let kept = take_annotation(object, DATA_ANNOTATION)?;
+    let kept = take_annotation(object, CONVERSION_DATA_ANNOTATION)?;
     let version = kept["version"].as_str()?.to_string();
     let fields = kept.get("fields")?.as_object()?.clone();
     Some((version, fields))
@@ -231,7 +232,7 @@ fn keep(object: &mut Value, version: &str, lost: Lost) {
             .entry("annotations")
             .or_insert_with(|| Value::Object(Map::new()));
         if let Some(annotations) = annotations.as_object_mut() {
-            annotations.insert(DATA_ANNOTATION.to_string(), Value::String(text));
+            annotations.insert(CONVERSION_DATA_ANNOTATION.to_string(), Value::String(text));
         }
     }
 }
@@ -306,7 +307,7 @@ mod tests {
             json!([{"name": "m3m-a", "index": 0}, {"name": "m3m-b", "index": 1}])
         );
         assert!(up["spec"].get("templateReference").is_none());
-        let kept = up["metadata"]["annotations"][DATA_ANNOTATION]
+        let kept = up["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
             .as_str()
             .expect("templateReference is kept");
         assert!(kept.contains("\"old\""), "{kept}");

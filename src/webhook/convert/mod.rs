@@ -43,7 +43,7 @@ pub fn convert(object: Value, desired: &str) -> Result<Value, ConversionError> {
     if from == desired {
         return Ok(object);
     }
-    if from.starts_with(&format!("{}/", metal3data::GROUP)) {
+    if from.starts_with(&format!("{}/", crate::api::metal3_data::GROUP)) {
         return metal3data::convert(object, desired);
     }
     pools::convert(object, desired)

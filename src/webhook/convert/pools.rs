@@ -4,9 +4,9 @@
 //! Up, the in-cluster provider's mapping: a `subnet` gives `start`/`end` defaults (its second and
 //! second-last addresses) and the prefix when none is set, and `start-end` is appended to
 //! `addresses`. What one version cannot hold is kept in the annotation the in-cluster provider
-//! (and Cluster API) use, [`DATA_ANNOTATION`]: on a v1alpha2 object the v1alpha1 spec it came
-//! from (restored on the way down while it still describes the same pool), on a v1alpha1 object
-//! the v1alpha2 fields v1alpha1 has no place for (restored on the way up).
+//! (and Cluster API) use, [`CONVERSION_DATA_ANNOTATION`]: on a v1alpha2 object the v1alpha1 spec
+//! it came from (restored on the way down while it still describes the same pool), on a v1alpha1
+//! object the v1alpha2 fields v1alpha1 has no place for (restored on the way up).
 
 use std::net::IpAddr;
 
@@ -15,11 +15,11 @@ use serde_json::{Map, Value};
 
 use super::shared::{ConversionError, field, take_annotation};
 use crate::alloc::Family;
-use crate::api::capi_pools::v1alpha1;
+use crate::api::capi_pools::{CONVERSION_DATA_ANNOTATION, v1alpha1};
 
-pub const DATA_ANNOTATION: &str = "cluster.x-k8s.io/conversion-data";
-pub const GROUP: &str = "ipam.cluster.x-k8s.io";
+/// The apiVersion of the in-cluster provider's first API, still served.
 pub const V1ALPHA1: &str = "ipam.cluster.x-k8s.io/v1alpha1";
+/// The apiVersion the pools are stored at.
 pub const V1ALPHA2: &str = "ipam.cluster.x-k8s.io/v1alpha2";
 /// The kinds converted here; both share one spec.
 pub const KINDS: [&str; 2] = ["InClusterIPPool", "GlobalInClusterIPPool"];
@@ -52,7 +52,7 @@ fn spec_of(object: &Value) -> Map<String, Value> {
 
 /// The annotation's value, parsed, and the object without it.
 fn take_data(object: &mut Value) -> Option<Value> {
-    take_annotation(object, DATA_ANNOTATION)
+    take_annotation(object, CONVERSION_DATA_ANNOTATION)
 }
 
 fn put_data(object: &mut Value, version: &str, kind: &str, spec: Value) {
@@ -63,7 +63,7 @@ fn put_data(object: &mut Value, version: &str, kind: &str, spec: Value) {
     if !object["metadata"]["annotations"].is_object() {
         object["metadata"]["annotations"] = Value::Object(Map::new());
     }
-    object["metadata"]["annotations"][DATA_ANNOTATION] = Value::String(data.to_string());
+    object["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION] = Value::String(data.to_string());
 }
 
 fn parse_v1alpha1(
@@ -300,7 +300,7 @@ mod tests {
             "InClusterIPPool",
             json!({"subnet": "10.0.0.0/24"}),
         ));
-        let data = subnet["metadata"]["annotations"][DATA_ANNOTATION]
+        let data = subnet["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
             .as_str()
             .expect("annotated");
         assert!(data.contains("10.0.0.0/24"), "{data}");
@@ -313,7 +313,7 @@ mod tests {
             hub["spec"],
             json!({"addresses": ["10.0.0.1"], "prefix": 24})
         );
-        let data = hub["metadata"]["annotations"][DATA_ANNOTATION]
+        let data = hub["metadata"]["annotations"][CONVERSION_DATA_ANNOTATION]
             .as_str()
             .expect("annotated");
         assert!(data.contains("excludedAddresses"), "{data}");

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+/// Why an object could not be converted.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConversionError {
     #[error("{kind} {name}: cannot convert from {from} to {to}")]
@@ -20,6 +21,7 @@ pub enum ConversionError {
     },
 }
 
+/// The string at JSON `pointer` in `object`; empty when there is none.
 pub fn field<'a>(object: &'a Value, pointer: &str) -> &'a str {
     object
         .pointer(pointer)
