@@ -5,8 +5,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::commit::Reserved;
 use super::plan::Unkept;
+use super::reserve::Reserved;
 use super::{Outcomes, Round, Sight, Told, address_key, claim_key, in_parallel, vouches};
 use crate::alloc::Lease;
 use crate::ipam::Context;

@@ -6,12 +6,12 @@
 //!    and, where a stale cache must not decide, from the server;
 //! 2. [`plan`] → `Plan`: what the reconcile does, decided from what was read with no client
 //!    and no await (table-tested): transaction 1, the creates and deletes, what to tell;
-//! 3. [`commit::reserve`] → `Reserved`: transaction 1 on the ledger (reservations, binds,
+//! 3. [`reserve`] → `Reserved`: transaction 1 on the ledger (reservations, binds,
 //!    confirmations) in the reconcile's ledger session, after repairing a record that lost
 //!    something;
 //! 4. [`apply`] → `Applied`: address objects created and deleted, and transaction 2 as far as
 //!    those writes decide it;
-//! 5. [`commit::settle`] → `Settled`: the record read again, what no object explains swept,
+//! 5. [`settle`] → `Settled`: the record read again, what no object explains swept,
 //!    and transaction 2 (what was created, released or leaked);
 //! 6. [`report`] → `Action`: existing objects adopted, claim finalizers and statuses, the pool's
 //!    status, Events, metrics and the next check.
@@ -21,10 +21,11 @@
 //! [`PoolDialect`]; the engine, the ledger and the allocation core are shared.
 
 mod apply;
-mod commit;
 mod plan;
 mod read;
 mod report;
+mod reserve;
+mod settle;
 
 pub(crate) use read::age;
 pub use report::covered_pools;
@@ -231,11 +232,11 @@ pub async fn reconcile<P: PoolDialect>(pool: Arc<P>, ctx: Arc<Context>) -> Resul
         told: planned,
     } = plan;
     let reclaimed = unkept.orphaned.len();
-    let reserved = commit::reserve(&round, first, found).await;
+    let reserved = reserve::reserve(&round, first, found).await;
     timeline.mark("reserve");
     let applied = apply::apply(&round, creates, deletes, unkept, &reserved).await?;
     timeline.mark("apply");
-    let settled = commit::settle(&round, reserved, applied).await;
+    let settled = settle::settle(&round, reserved, applied).await;
     timeline.mark("settle");
     report::count(pool, &ctx, &settled, &round.observed.claims);
     let changed = report::Changed::of(&settled, reclaimed);

@@ -12,8 +12,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 
 use super::apply::adopt_addresses;
-use super::commit::Settled;
 use super::read::Selected;
+use super::settle::Settled;
 use super::{
     EXHAUSTED_RECHECK, Holder, Holding, ORPHAN_GRACE, Round, Sight, Told, UNLISTED_RECHECK,
     in_parallel,

@@ -1,28 +1,21 @@
-//! Reserve and settle: the two ledger transactions of a reconcile. Reserve repairs the record
-//! where it lost something and commits transaction 1 (reservations, binds, confirmations); settle
-//! reads the record again, sweeps what no object explains, and commits transaction 2 (what was
-//! created, released, or found leaked).
+//! Reserve: the record repaired where it lost something, then transaction 1 (reservations,
+//! binds, confirmations) in the reconcile's ledger session.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use super::apply::Applied;
-use super::read::cached_claim;
-use super::{
-    AddressIndex, ClaimKey, ORPHAN_GRACE, Outcomes, Round, Sight, Told, address_key, keep_first,
-};
+use super::{AddressIndex, ClaimKey, Outcomes, Round, Told, address_key, keep_first};
 use crate::ipam::Context;
-use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
-use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind};
-use crate::ipam::ledger::{self, Intent, Ledger, Session, intent};
-use crate::runtime::cached::Uid;
+use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
+use crate::ipam::kinds::{AnyAddress, AnyClaim};
+use crate::ipam::ledger::{self, Intent, Ledger, Session};
 use crate::runtime::error::Error;
 use crate::runtime::objects;
 
 /// What transaction 1 left for the phases after it.
 pub(super) struct Reserved<'a, P> {
-    session: Session<'a, P>,
+    pub(super) session: Session<'a, P>,
     /// Transaction 1, as committed.
     pub(super) first: Intent,
     /// Each request's lease or refusal.
@@ -30,23 +23,8 @@ pub(super) struct Reserved<'a, P> {
     /// When it was committed: creates for its reservations start their window here.
     pub(super) committed: std::time::Instant,
     /// The first ledger error: it does not hold up releases and is returned once they are done.
-    ledger_error: Option<Error>,
-    /// The claims whose objects it judged, served or told why not; objects bitpool did not make.
-    told: Told,
-}
-
-/// What the two ledger transactions and the object writes between them leave.
-pub(super) struct Settled {
-    pub(super) ledger: Ledger,
-    pub(super) usage: Option<Usage>,
-    /// Transaction 1, as committed, and its outcomes (its refusals tell when to look again).
-    pub(super) first: Intent,
-    pub(super) outcomes: Outcomes,
-    /// Transaction 2, as committed.
-    pub(super) second: Intent,
-    /// The first ledger error: it does not hold up releases and is returned once they are done.
     pub(super) ledger_error: Option<Error>,
-    /// What transaction 1, the object writes and transaction 2 left for the report, in order.
+    /// The claims whose objects it judged, served or told why not; objects bitpool did not make.
     pub(super) told: Told,
 }
 
@@ -86,63 +64,6 @@ pub(super) async fn reserve<'a, P: PoolDialect>(
         first,
         outcomes: outcomes.unwrap_or_default(),
         committed: std::time::Instant::now(),
-        ledger_error,
-        told,
-    }
-}
-
-/// Settle: the record read again (not the one transaction 1 wrote: what is found unexplained
-/// is judged against a fresh list of the address objects, which must not be older than the
-/// record), what no object explains swept, and transaction 2.
-pub(super) async fn settle<P: PoolDialect>(
-    round: &Round<'_, P>,
-    reserved: Reserved<'_, P>,
-    applied: Applied,
-) -> Settled {
-    let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
-    let observed = &round.observed;
-    let Reserved {
-        session,
-        first,
-        outcomes,
-        mut ledger_error,
-        told,
-        ..
-    } = reserved;
-    let Applied {
-        mut second,
-        found,
-        orphans_deleted,
-        told: applied_told,
-    } = applied;
-    let mut told = told.then(applied_told);
-    let current = session.read(false).await;
-    let known = keep_first(&mut ledger_error, current).flatten();
-    // Before the list, every address would look unexplained.
-    let sweep = observed.sight == Sight::Listed;
-    if let Some(stored) = known.as_ref().filter(|_| sweep) {
-        let unexplained = unexplained(pool, ctx, &stored.ledger, &observed.addresses).await;
-        second.release_unbound = keep_first(&mut ledger_error, unexplained).unwrap_or_default();
-        let unheld = unheld(pool, ctx, orphans_deleted).await;
-        (second.release_unbound).extend(keep_first(&mut ledger_error, unheld).unwrap_or_default());
-        let vanished = vanished_reservations(ctx, &stored.ledger).await;
-        let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
-        second.release_unlanded.extend(vanished);
-    }
-    let committed = session.commit(known, &second, false).await;
-    let (ledger, usage) = match keep_first(&mut ledger_error, committed) {
-        Some(committed) => {
-            told.settle_found(pool, found, &committed.outcomes, spec_error);
-            (committed.ledger, committed.usage)
-        }
-        None => Default::default(),
-    };
-    Settled {
-        ledger,
-        usage,
-        first,
-        outcomes,
-        second,
         ledger_error,
         told,
     }
@@ -241,110 +162,6 @@ pub(super) async fn repair_record<P: PoolDialect>(
 /// list, and an address is freed only after its object goes).
 fn unrecorded(address: IpAddr, before: &Ledger, after: Option<&Ledger>) -> bool {
     !before.contains(address) && after.is_none_or(|after| !after.contains(address))
-}
-
-/// Reservations whose claim no longer exists (checked on the server once no create of theirs
-/// can land any more, [`ledger::IN_FLIGHT_BOUND`]): a claim deleted while its allocation was in
-/// flight.
-pub(super) async fn vanished_reservations(
-    ctx: &Context,
-    ledger: &Ledger,
-) -> Result<Vec<String>, Error> {
-    let now = objects::now().0.to_string();
-    let mut vanished = Vec::new();
-    for reservation in ledger.pending.values() {
-        if !intent::no_create_can_land(reservation, &now) {
-            continue;
-        }
-        // The few reservations' UIDs are parsed, rather than every claim's written out.
-        let uid = Uid::of(&reservation.claim_uid);
-        let (namespace, name) = (&reservation.claim_namespace, &reservation.claim_name);
-        let cached = [ClaimKind::Capi, ClaimKind::Metal3]
-            .into_iter()
-            .any(|kind| {
-                cached_claim(ctx, kind, namespace, name).is_some_and(|c| c.meta.uid == uid)
-            });
-        if cached {
-            continue;
-        }
-        let mut alive = false;
-        for kind in [ClaimKind::Capi, ClaimKind::Metal3] {
-            let uid = AnyClaim::fetch(
-                ctx,
-                kind,
-                &reservation.claim_namespace,
-                &reservation.claim_name,
-            )
-            .await?;
-            alive |= uid.as_ref() == Some(&reservation.claim_uid);
-        }
-        if !alive {
-            vanished.push(reservation.claim_uid.clone());
-        }
-    }
-    Ok(vanished)
-}
-
-/// Addresses the ledger holds with neither a reservation nor an object. Once that has been
-/// seen for [`ORPHAN_GRACE`], a fresh list of the pool's address objects decides which are
-/// leaked; not while a move brings the pool's objects in.
-pub(super) async fn unexplained<P: PoolDialect>(
-    pool: &P,
-    ctx: &Context,
-    ledger: &Ledger,
-    addresses: &AddressIndex,
-) -> Result<Vec<IpAddr>, Error> {
-    let key = pool.key();
-    // A pool that arrived by a move has objects still on their way.
-    if crate::ipam::moving::arriving(pool.meta()) {
-        return Ok(Vec::new());
-    }
-    let held: HashSet<IpAddr> = addresses.values().filter_map(|a| pool.held(a)).collect();
-    let unexplained = |ip: &IpAddr, held: &HashSet<IpAddr>| {
-        !held.contains(ip) && !ledger.pending.contains_key(&ip.to_string())
-    };
-    if !ledger.addresses().any(|ip| unexplained(&ip, &held)) {
-        ctx.forget_orphans(&key);
-        return Ok(Vec::new());
-    }
-    if ctx.orphan_watch_start(&key).elapsed() < ORPHAN_GRACE {
-        return Ok(Vec::new());
-    }
-    let fresh: HashSet<IpAddr> = fresh_pool_addresses(pool, ctx)
-        .await?
-        .iter()
-        .filter_map(|a| pool.held(a))
-        .collect();
-    let leaked: Vec<IpAddr> = ledger
-        .addresses()
-        .filter(|ip| unexplained(ip, &fresh))
-        .collect();
-    if !leaked.is_empty() {
-        tracing::warn!(pool = %key.describe(), count = leaked.len(), "releasing addresses that no object holds");
-    }
-    ctx.forget_orphans(&key);
-    Ok(leaked)
-}
-
-/// Which of `addresses` no address object of the pool holds, by a fresh list (none is taken
-/// when there is nothing to check).
-pub(super) async fn unheld<P: PoolDialect>(
-    pool: &P,
-    ctx: &Context,
-    addresses: Vec<IpAddr>,
-) -> Result<Vec<IpAddr>, Error> {
-    if addresses.is_empty() {
-        return Ok(addresses);
-    }
-    let held: HashSet<IpAddr> = fresh_pool_addresses(pool, ctx)
-        .await?
-        .iter()
-        .filter_map(|a| pool.held(a))
-        .collect();
-    Ok(addresses
-        .into_iter()
-        .filter(|ip| !held.contains(ip))
-        .collect())
 }
 
 #[cfg(test)]
