@@ -327,7 +327,7 @@ async fn start_ops(
     let identity = lease::identity();
     let (leadership, election) = if flags.leader_elect {
         // The Lease lives in bitpool's own namespace, beside the ledgers.
-        if let Err(e) = ipam::transaction::ensure_namespace(client, &args.ledger_namespace).await {
+        if let Err(e) = ipam::ledger::ensure_namespace(client, &args.ledger_namespace).await {
             tracing::warn!(namespace = %args.ledger_namespace, error = %e, "cannot create the namespace of the leader lease");
         }
         let settings = lease::ElectionSettings {
