@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use bitpool::api::capi::{IPAddress, IPAddressClaim};
 use bitpool::api::metal3_ipam::{IPClaim, Metal3IPAddress};
 use bitpool::runtime::cached::{AddressObject, ClaimObject};
-use bitpool::runtime::index::{Cached, Watched};
+use bitpool::runtime::index::Cached;
+use bitpool::runtime::watched::Watched;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 

@@ -17,8 +17,9 @@ use serde::de::DeserializeOwned;
 
 use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Settings};
-use super::index::{Cached, Index, Watched};
+use super::index::{Cached, Index};
 use super::trigger;
+use super::watched::Watched;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
 use crate::api::capi_pools::{
     GlobalInClusterIPPool, GlobalInClusterPrefixPool, InClusterIPPool, InClusterPrefixPool,

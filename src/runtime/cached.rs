@@ -4,12 +4,12 @@
 //! `tests/cache_memory.rs` pins how much.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference, Time};
 use kube::api::ObjectMeta;
 
-use super::intern;
+use super::intern::{self, Interner};
 use crate::api::capi::{IPAddress, IPAddressClaim, IPPoolReference, READY_CONDITION};
 use crate::api::labels;
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
@@ -127,7 +127,7 @@ impl Owner {
         if controller {
             Arc::new(owner)
         } else {
-            intern::owner(owner)
+            OWNERS.get(&owner, |v: &Owner| Arc::new(v.clone()))
         }
     }
 
@@ -293,6 +293,16 @@ impl AddressObject {
     }
 }
 
+/// Owner references many objects have (such as their pool), one copy each.
+static OWNERS: LazyLock<Interner<Owner>> = LazyLock::new(Interner::new);
+/// Conditions' types, statuses and reasons, one copy each.
+static CONDITION_HEADS: LazyLock<Interner<ConditionHead>> = LazyLock::new(Interner::new);
+
+/// The shared copy of a condition's type, status and reason.
+fn shared_head(value: ConditionHead) -> Arc<ConditionHead> {
+    CONDITION_HEADS.get(&value, |v: &ConditionHead| Arc::new(v.clone()))
+}
+
 /// A condition's type, status and reason: one shared copy for the claims that say the same.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ConditionHead {
@@ -313,7 +323,7 @@ pub struct CachedCondition {
 impl CachedCondition {
     fn of(condition: &Condition) -> Self {
         Self {
-            head: intern::condition_head(ConditionHead {
+            head: shared_head(ConditionHead {
                 type_: intern::string(&condition.type_),
                 status: intern::string(&condition.status),
                 reason: intern::string(&condition.reason),

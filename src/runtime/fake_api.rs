@@ -13,7 +13,8 @@ use tokio::task::JoinHandle;
 
 use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Groups, Settings};
-use super::index::{Index, Watched};
+use super::index::Index;
+use super::watched::Watched;
 use crate::api::capi::{IPAddress, IPAddressClaim};
 use crate::api::metal3_ipam::{IPClaim, Metal3IPAddress};
 use crate::ops::Ops;

@@ -7,7 +7,6 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use super::cached::{ConditionHead, Owner};
 use crate::api::capi::IPPoolReference;
 
 /// A set of shared values. Values no cached object holds any more are dropped when the set has
@@ -25,7 +24,8 @@ struct Values<T: ?Sized> {
 const FIRST_SWEEP: usize = 1024;
 
 impl<T: ?Sized + Hash + Eq> Interner<T> {
-    fn new() -> Self {
+    /// An interner holding nothing yet.
+    pub fn new() -> Self {
         Self {
             values: Mutex::new(Values {
                 set: HashSet::new(),
@@ -75,8 +75,6 @@ static STRINGS: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
 static STRING_LISTS: LazyLock<Interner<[Arc<str>]>> = LazyLock::new(Interner::new);
 static LABEL_SETS: LazyLock<Interner<[Label]>> = LazyLock::new(Interner::new);
 static POOL_REFERENCES: LazyLock<Interner<IPPoolReference>> = LazyLock::new(Interner::new);
-static OWNERS: LazyLock<Interner<Owner>> = LazyLock::new(Interner::new);
-static CONDITION_HEADS: LazyLock<Interner<ConditionHead>> = LazyLock::new(Interner::new);
 
 /// The shared copy of a string that repeats across objects.
 pub fn string(value: &str) -> Arc<str> {
@@ -96,16 +94,6 @@ pub fn labels<'a>(values: impl IntoIterator<Item = (&'a String, &'a String)>) ->
         .map(|(k, v)| (string(k), string(v)))
         .collect();
     LABEL_SETS.get(values.as_slice(), |v: &[(Arc<str>, Arc<str>)]| Arc::from(v))
-}
-
-/// The shared copy of an owner reference (one that many objects have, such as their pool).
-pub fn owner(value: Owner) -> Arc<Owner> {
-    OWNERS.get(&value, |v: &Owner| Arc::new(v.clone()))
-}
-
-/// The shared copy of a condition's type, status and reason.
-pub fn condition_head(value: ConditionHead) -> Arc<ConditionHead> {
-    CONDITION_HEADS.get(&value, |v: &ConditionHead| Arc::new(v.clone()))
 }
 
 /// The shared copy of a pool reference.

@@ -27,6 +27,7 @@ pub mod lean;
 pub mod objects;
 pub mod selection;
 pub mod trigger;
+pub mod watched;
 
 pub use context::{Context, Groups, Settings};
 pub use error::Error;

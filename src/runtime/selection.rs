@@ -197,7 +197,7 @@ mod tests {
         assert!(!in_store("a") && in_store("b"));
         assert!(names(judge.judge(Change::Removed(named("b", true)))).is_empty());
         assert!(!in_store("b"));
-        let watched = super::super::index::Watched::new(cached);
+        let watched = super::super::watched::Watched::new(cached);
         watched.load([config_map("c", true), config_map("d", false)]);
         let mut judge = Judge::new(watched.index.clone(), |n: &Arc<Named>| n.wanted, stand_in);
         assert_eq!(names(judge.judge(Change::Resync)), ["c"]);
