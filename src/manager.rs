@@ -21,7 +21,7 @@ use crate::ipam::dialect::{PoolDialect, PoolSpace};
 use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::kinds::{AnyAddress, AnyClaim};
-use crate::ipam::{self, claims, proxy, transaction};
+use crate::ipam::{self, claims, ledger, proxy};
 use crate::metal3data;
 use crate::runtime::cache::{Caches, Removals, Shared};
 use crate::runtime::cached::ClaimObject;
@@ -161,7 +161,7 @@ pub async fn run(
     ops: Arc<crate::ops::Ops>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    if let Err(e) = transaction::ensure_namespace(&client, &settings.ledger_namespace).await {
+    if let Err(e) = ledger::ensure_namespace(&client, &settings.ledger_namespace).await {
         // Retried by every pool that needs its ledger.
         tracing::warn!(namespace = %settings.ledger_namespace, error = %e, "cannot create the ledger namespace yet");
     }

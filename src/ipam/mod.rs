@@ -37,10 +37,3 @@ pub mod sweep;
 pub mod tenancy;
 
 pub use context::{CachedSpace, Context};
-
-// Transitional, while the branches that still name the old paths are merged.
-pub use ledger::intent;
-/// Transitional: the old home of [`ledger::ensure_namespace`].
-pub mod transaction {
-    pub use super::ledger::ensure_namespace;
-}
