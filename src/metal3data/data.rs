@@ -5,46 +5,44 @@
 //! Fetch (template, Metal3Machine, Machine, BareMetalHost), compute ([`crate::render`]), apply
 //! (claims, secrets), write status.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret, SecretReference};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::unanswered::unanswered;
-use crate::api::capi::{IPAddressClaim, IPAddressClaimSpec, IPPoolReference, Machine};
+use super::ip_claims::{ClaimState, ensure_claim, owned_by, release_claim};
+use super::secrets::{create_secret, pin_secret_names, secret_missing};
+use crate::api::capi::{IPAddressClaim, Machine};
 use crate::api::labels;
 use crate::api::metal3_data::{
     DATA_FINALIZER, DATA_NAME_LABEL, Metal3Data, Metal3DataClaim, Metal3DataTemplate,
-    Metal3ObjectRef, POOL_NAME_LABEL, SECRET_TYPE,
+    Metal3ObjectRef,
 };
 use crate::api::metal3_hosts::{
     AnyMetal3Machine, BARE_METAL_HOST_ANNOTATION, BareMetalHost, Metal3Machine,
     metal3_machine_resource,
 };
-use crate::api::metal3_ipam::{IPClaim, IPClaimSpec};
+use crate::api::metal3_ipam::IPClaim;
 use crate::ops::events::Reason;
-use crate::render::{self, Host, ObjectFacts, PoolAddress, PoolAddresses, PoolKind, PoolReference};
+use crate::render::{self, Host, ObjectFacts, PoolAddresses};
 use crate::runtime::Context;
-use crate::runtime::cached::{ClaimObject, Meta, Uid};
-use crate::runtime::error::{Call, Error, Verb, object_of};
-use crate::runtime::index::Index;
+use crate::runtime::cached::Meta;
+use crate::runtime::error::{Call, Error, Verb};
 use crate::runtime::objects::{self, FinalizerPatch};
 
 /// How often a Metal3Data that waits on objects bitpool does not watch looks again.
-const WAIT: Duration = Duration::from_secs(10);
+pub(super) const WAIT: Duration = Duration::from_secs(10);
 /// How often a Metal3Data whose claim failed asks again (the pool may have changed).
-const RETRY_FAILED: Duration = Duration::from_secs(30);
+pub(super) const RETRY_FAILED: Duration = Duration::from_secs(30);
 
 /// Where a reconcile stopped.
 #[derive(Debug, PartialEq)]
-enum Step {
+pub(super) enum Step {
     Ready,
     /// Something else must happen first; not an error.
     Waiting(String),
@@ -86,7 +84,7 @@ pub async fn reconcile(data: Arc<Metal3Data>, ctx: Arc<Context>) -> Result<Actio
 /// A Metal3Data CAPM3 made before its template was handed to bitpool: marked as handed over
 /// too (CAPM3 leaves it from then on), and reconciled on the event of that write. Its secrets
 /// and IP claims carry the same names either way, so bitpool carries on where CAPM3 stopped.
-async fn adopt_if_handed_over(
+pub(super) async fn adopt_if_handed_over(
     data: &Metal3Data,
     ctx: &Context,
     api: &Api<Metal3Data>,
@@ -107,7 +105,7 @@ async fn adopt_if_handed_over(
     Ok(true)
 }
 
-fn paused(data: &Metal3Data, ctx: &Context) -> bool {
+pub(super) fn paused(data: &Metal3Data, ctx: &Context) -> bool {
     if objects::is_paused(data.meta()) {
         return true;
     }
@@ -117,7 +115,7 @@ fn paused(data: &Metal3Data, ctx: &Context) -> bool {
     }
 }
 
-async fn write_status(
+pub(super) async fn write_status(
     api: &Api<Metal3Data>,
     data: &Metal3Data,
     ready: bool,
@@ -131,7 +129,7 @@ async fn write_status(
     objects::merge_status(api, &data.name_any(), patch).await
 }
 
-fn facts(meta: &ObjectMeta) -> ObjectFacts {
+pub(super) fn facts(meta: &ObjectMeta) -> ObjectFacts {
     ObjectFacts {
         name: meta.name.clone().unwrap_or_default(),
         labels: meta.labels.clone().unwrap_or_default(),
@@ -140,19 +138,24 @@ fn facts(meta: &ObjectMeta) -> ObjectFacts {
 }
 
 /// The owner of `meta` of the given kind in the given API group (any version).
-fn owner_named<'a>(meta: &'a ObjectMeta, kind: &str, group: &str) -> Option<&'a str> {
+pub(super) fn owner_named<'a>(meta: &'a ObjectMeta, kind: &str, group: &str) -> Option<&'a str> {
     meta.owner_references.iter().flatten().find_map(|o| {
         let owner_group = o.api_version.rsplit_once('/').map_or("", |(g, _)| g);
         (o.kind == kind && owner_group == group).then_some(o.name.as_str())
     })
 }
 
-async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Result<Step, Error> {
+pub(super) async fn build(
+    data: &Metal3Data,
+    ctx: &Context,
+    api: &Api<Metal3Data>,
+) -> Result<Step, Error> {
     let inputs = match read_inputs(data, ctx).await? {
         Ok(inputs) => inputs,
         Err(step) => return Ok(step),
     };
-    let pinned = pin_secret_names(data, api, &inputs).await?;
+    let machine = inputs.metal3_machine.name_any();
+    let pinned = pin_secret_names(data, api, &inputs.template, &machine).await?;
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &inputs.namespace);
     let meta_missing = secret_missing(&secrets, pinned.meta_data.as_ref()).await?;
     let network_missing = secret_missing(&secrets, pinned.network_data.as_ref()).await?;
@@ -195,15 +198,18 @@ async fn build(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Resul
 }
 
 /// What a Metal3Data is rendered from: its template, and its claim's Metal3Machine.
-struct Inputs {
-    namespace: String,
-    template: Arc<Metal3DataTemplate>,
-    metal3_machine: Metal3Machine,
+pub(super) struct Inputs {
+    pub(super) namespace: String,
+    pub(super) template: Arc<Metal3DataTemplate>,
+    pub(super) metal3_machine: Metal3Machine,
 }
 
 /// The template (from the cache), the claim (from the cache) and the claim's Metal3Machine
 /// (read at the version the API server serves); a missing one is waited for.
-async fn read_inputs(data: &Metal3Data, ctx: &Context) -> Result<Result<Inputs, Step>, Error> {
+pub(super) async fn read_inputs(
+    data: &Metal3Data,
+    ctx: &Context,
+) -> Result<Result<Inputs, Step>, Error> {
     let namespace = data.namespace().unwrap_or_default();
     let Some(template_name) = data.spec.template.name.clone() else {
         return Ok(Err(Step::Failed("spec.template has no name".into())));
@@ -254,42 +260,9 @@ async fn read_inputs(data: &Metal3Data, ctx: &Context) -> Result<Result<Inputs, 
     }))
 }
 
-/// The secrets a Metal3Data renders into.
-struct Pinned {
-    meta_data: Option<SecretReference>,
-    network_data: Option<SecretReference>,
-}
-
-/// Names the secrets in the Metal3Data's spec. Secrets keep their names once set, and are never
-/// rendered twice: a host re-provisions into exactly the state it had.
-async fn pin_secret_names(
-    data: &Metal3Data,
-    api: &Api<Metal3Data>,
-    inputs: &Inputs,
-) -> Result<Pinned, Error> {
-    let machine = inputs.metal3_machine.name_any();
-    let spec = &inputs.template.spec;
-    let pin = |current: Option<&SecretReference>, suffix: &str| {
-        secret_ref(current, &machine, suffix, &inputs.namespace)
-    };
-    let pinned = Pinned {
-        meta_data: (spec.meta_data.as_ref()).map(|_| pin(data.spec.meta_data.as_ref(), "metadata")),
-        network_data: (spec.network_data.as_ref())
-            .map(|_| pin(data.spec.network_data.as_ref(), "networkdata")),
-    };
-    if pinned.meta_data.as_ref() != data.spec.meta_data.as_ref()
-        || pinned.network_data.as_ref() != data.spec.network_data.as_ref()
-    {
-        let patch =
-            json!({ "spec": { "metaData": pinned.meta_data, "networkData": pinned.network_data } });
-        objects::merge_patch(api, &data.name_any(), patch).await?;
-    }
-    Ok(pinned)
-}
-
 /// An address from every pool the template references for this host, each through a claim of
 /// the pool's kind; what is still missing is waited for, what cannot be had fails.
-async fn collect_addresses(
+pub(super) async fn collect_addresses(
     data: &Metal3Data,
     ctx: &Context,
     template: &Metal3DataTemplate,
@@ -327,7 +300,7 @@ async fn collect_addresses(
 
 /// The Cluster the secrets are labelled with: CAPM3 labels them with the template's Cluster; a
 /// template shared by several clusters names none, and the Metal3Data's own Cluster is the one.
-fn secret_cluster(template: &Metal3DataTemplate, data: &Metal3Data) -> String {
+pub(super) fn secret_cluster(template: &Metal3DataTemplate, data: &Metal3Data) -> String {
     template
         .labels()
         .get(labels::CLUSTER_NAME)
@@ -339,7 +312,7 @@ fn secret_cluster(template: &Metal3DataTemplate, data: &Metal3Data) -> String {
 
 /// The host a Metal3Data renders for: its Metal3Machine's Machine and BareMetalHost, with the
 /// host's name; or why they cannot be found yet.
-async fn resolve_host(
+pub(super) async fn resolve_host(
     client: &kube::Client,
     namespace: &str,
     data: &Metal3Data,
@@ -407,333 +380,14 @@ async fn resolve_host(
     Ok(Ok((host, host_name)))
 }
 
-/// Whether a wanted secret is still to be written (`None`: the template renders no such data).
-async fn secret_missing(
-    secrets: &Api<Secret>,
-    reference: Option<&SecretReference>,
-) -> Result<bool, Error> {
-    match reference.and_then(|r| r.name.as_deref()) {
-        Some(name) => Ok(objects::get_optional(secrets, name).await?.is_none()),
-        None => Ok(false),
-    }
-}
-
-fn secret_ref(
-    existing: Option<&SecretReference>,
-    machine: &str,
-    suffix: &str,
-    namespace: &str,
-) -> SecretReference {
-    match existing.filter(|r| r.name.as_deref().is_some_and(|n| !n.is_empty())) {
-        Some(r) => r.clone(),
-        None => SecretReference {
-            name: Some(format!("{machine}-{suffix}")),
-            namespace: Some(namespace.to_string()),
-        },
-    }
-}
-
-async fn create_secret(
-    secrets: &Api<Secret>,
-    data: &Metal3Data,
-    reference: &SecretReference,
-    cluster: &str,
-    key: &str,
-    text: String,
-) -> Result<(), Error> {
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: reference.name.clone(),
-            namespace: data.namespace(),
-            labels: Some(BTreeMap::from([(
-                labels::CLUSTER_NAME.to_string(),
-                cluster.to_string(),
-            )])),
-            owner_references: objects::owner_reference(data, true).map(|o| vec![o]),
-            ..Default::default()
-        },
-        type_: Some(SECRET_TYPE.to_string()),
-        data: Some(BTreeMap::from([(
-            key.to_string(),
-            ByteString(text.into_bytes()),
-        )])),
-        ..Default::default()
-    };
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(()),
-        // Written by an earlier pass or another process: never re-rendered.
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
-        Err(e) => Err(Error::api(
-            Verb::Create,
-            object_of(secrets, &reference.name.clone().unwrap_or_default()),
-            e,
-        )),
-    }
-}
-
-/// What one pool's claim says.
-enum ClaimState {
-    Address(PoolAddress),
-    Waiting(String),
-    Failed(String),
-    /// No IPAM provider has answered the claim ([`unanswered`]): failed, and told in an Event.
-    Unanswered(String),
-}
-
-fn owned_by(meta: &ObjectMeta, data: &Metal3Data) -> bool {
-    let uid = data.meta().uid.as_deref();
-    meta.owner_references
-        .iter()
-        .flatten()
-        .any(|o| Some(o.uid.as_str()) == uid)
-}
-
-/// [`owned_by`] for a cached object.
-fn owned_by_cached(meta: &Meta, data: &Metal3Data) -> bool {
-    let Some(uid) = data.meta().uid.as_deref().map(Uid::of) else {
-        return false;
-    };
-    meta.owners.iter().any(|o| o.uid == uid)
-}
-
-/// Finds or creates the claim for one pool and reads its address.
-async fn ensure_claim(
-    data: &Metal3Data,
-    ctx: &Context,
-    reference: &PoolReference,
-    host_name: &str,
-) -> Result<ClaimState, Error> {
-    let namespace = data.namespace().unwrap_or_default();
-    let own_name = format!("{}-{}", data.name_any(), reference.name);
-    let host_keyed = format!("{host_name}-{}", reference.name);
-    let preferred = if ctx.settings.bmh_name_based_preallocation {
-        &host_keyed
-    } else {
-        &own_name
-    };
-    let names = ClaimNames {
-        candidates: [&own_name, &host_keyed],
-        preferred,
-        namespace: &namespace,
-    };
-    let pool = &reference.name;
-    match reference.kind() {
-        PoolKind::Metal3 => {
-            let read = |claim: &ClaimObject| metal3_address(ctx, claim, pool);
-            let new = |metadata| IPClaim {
-                metadata,
-                spec: IPClaimSpec {
-                    pool: ObjectReference {
-                        name: Some(pool.clone()),
-                        namespace: Some(namespace.clone()),
-                        ..Default::default()
-                    },
-                },
-                status: None,
-            };
-            claim_of_pool(data, ctx, &ctx.ipclaims, &names, pool, read, new).await
-        }
-        PoolKind::Capi => {
-            let read = |claim: &ClaimObject| capi_address(ctx, claim, reference);
-            let new = |metadata| IPAddressClaim {
-                metadata,
-                spec: IPAddressClaimSpec {
-                    cluster_name: data.labels().get(labels::CLUSTER_NAME).cloned(),
-                    pool_ref: IPPoolReference {
-                        name: pool.clone(),
-                        kind: reference.kind.clone(),
-                        api_group: reference.api_group.clone(),
-                    },
-                },
-                status: None,
-            };
-            claim_of_pool(data, ctx, &ctx.claims, &names, pool, read, new).await
-        }
-    }
-}
-
-/// Where a Metal3Data's claim for one pool may be: under its own name or the host-keyed one
-/// (the mode may have changed since the claim was made); new claims take `preferred`.
-struct ClaimNames<'a> {
-    candidates: [&'a String; 2],
-    preferred: &'a String,
-    namespace: &'a str,
-}
-
-/// The claim of either kind: the one this Metal3Data owns is read; a claim of the preferred name
-/// owned by another is waited for; otherwise `new` is created under the preferred name.
-async fn claim_of_pool<K>(
-    data: &Metal3Data,
-    ctx: &Context,
-    cache: &Index<ClaimObject>,
-    names: &ClaimNames<'_>,
-    pool: &str,
-    read: impl FnOnce(&ClaimObject) -> ClaimState,
-    new: impl FnOnce(ObjectMeta) -> K,
-) -> Result<ClaimState, Error>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let find = |name: &str| cache.get(names.namespace, name);
-    let ours = names
-        .candidates
-        .into_iter()
-        .filter_map(|n| find(n))
-        .find(|c| owned_by_cached(&c.meta, data));
-    if let Some(claim) = ours {
-        return Ok(read(&claim));
-    }
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), names.namespace);
-    if let Some(other) = find(names.preferred) {
-        return earlier_claim(&api, &other).await;
-    }
-    let claim = new(claim_meta(data, names.preferred, pool));
-    create_claim(&api, &claim, pool).await
-}
-
-/// The claim's metadata: the Metal3Data's labels plus `data-name`/`pool-name` (how release finds
-/// host-keyed claims), the Metal3Data as controller, and the finalizer that keeps the claim while
-/// the Metal3Data uses it.
-fn claim_meta(data: &Metal3Data, name: &str, pool: &str) -> ObjectMeta {
-    let mut claim_labels = objects::with_label(
-        data.meta().labels.as_ref(),
-        DATA_NAME_LABEL,
-        &data.name_any(),
-    );
-    claim_labels.insert(POOL_NAME_LABEL.to_string(), pool.to_string());
-    ObjectMeta {
-        name: Some(name.to_string()),
-        namespace: data.namespace(),
-        labels: Some(claim_labels),
-        finalizers: Some(vec![DATA_FINALIZER.to_string()]),
-        owner_references: objects::owner_reference(data, true).map(|o| vec![o]),
-        ..Default::default()
-    }
-}
-
-async fn create_claim<K>(api: &Api<K>, claim: &K, pool: &str) -> Result<ClaimState, Error>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::Serialize
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    match api.create(&PostParams::default(), claim).await {
-        Ok(_) => {
-            tracing::info!(claim = %claim.name_any(), kind = %K::kind(&()), "created IP claim");
-            Ok(ClaimState::Waiting(format!(
-                "waiting for an address from pool {pool}"
-            )))
-        }
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(ClaimState::Waiting(format!(
-            "claim {} exists but is not in the cache yet",
-            claim.name_any()
-        ))),
-        Err(e) => Err(Error::api(
-            Verb::Create,
-            object_of(api, &claim.name_any()),
-            e,
-        )),
-    }
-}
-
-/// A claim of the wanted name that belongs to another (earlier) Metal3Data: never taken over.
-/// If it is being deleted, its finalizer from that Metal3Data is lifted so that it can go.
-async fn earlier_claim<K>(api: &Api<K>, claim: &ClaimObject) -> Result<ClaimState, Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let meta = &claim.meta;
-    if meta.deleted.is_some() {
-        let listed = objects::Finalizers {
-            name: &meta.name,
-            resource_version: &meta.resource_version,
-            current: meta.finalizers.iter().map(|f| &**f),
-        };
-        listed.set(api, DATA_FINALIZER, false).await?;
-        return Ok(ClaimState::Waiting(format!(
-            "claim {} of an earlier Metal3Data is being deleted",
-            meta.name
-        )));
-    }
-    Ok(ClaimState::Waiting(format!(
-        "claim {} belongs to another Metal3Data; waiting for it to be released",
-        meta.name
-    )))
-}
-
-fn metal3_address(ctx: &Context, claim: &ClaimObject, pool: &str) -> ClaimState {
-    if let Some(message) = claim.error_message() {
-        return ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"));
-    }
-    let Some(address_name) = &claim.address else {
-        return waiting_for_an_address(claim, pool);
-    };
-    match ctx
-        .metal3_addresses
-        .get(&claim.meta.namespace, address_name)
-    {
-        Some(address) => ClaimState::Address(PoolAddress {
-            address: address.address.to_string(),
-            prefix: address.prefix.unwrap_or(0),
-            gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
-            dns_servers: address.dns_servers.iter().map(|d| d.to_string()).collect(),
-        }),
-        None => ClaimState::Waiting(format!("IPAddress {address_name} not found")),
-    }
-}
-
-fn capi_address(ctx: &Context, claim: &ClaimObject, reference: &PoolReference) -> ClaimState {
-    let pool = &reference.name;
-    if claim.meta.deleted.is_some() {
-        return ClaimState::Waiting(format!(
-            "IPAddressClaim {} is being deleted",
-            claim.meta.name
-        ));
-    }
-    let Some(address_name) = claim.address.as_deref().filter(|n| !n.is_empty()) else {
-        // Beyond CAPM3: say why the provider refused, instead of waiting silently.
-        return match claim.refusal() {
-            Some(message) => {
-                ClaimState::Failed(format!("IP Allocation for {pool} failed : {message}"))
-            }
-            None => waiting_for_an_address(claim, pool),
-        };
-    };
-    let namespace = &claim.meta.namespace;
-    let Some(address) = ctx.addresses.get(namespace, address_name) else {
-        return ClaimState::Waiting(format!("IPAddress {address_name} not found"));
-    };
-    ClaimState::Address(PoolAddress {
-        address: address.address.to_string(),
-        prefix: address.prefix.unwrap_or(0),
-        gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
-        // The CAPI contract carries no DNS; bitpool's own pools may list servers per subnet.
-        dns_servers: ctx
-            .address_pool(&reference.api_group, &reference.kind, pool, namespace)
-            .map(|p| p.dns_servers_for(&address.address))
-            .unwrap_or_default(),
-    })
-}
-
-/// A claim without an address or a refusal: waiting, unless no provider has answered it for
-/// longer than a provider takes.
-fn waiting_for_an_address(claim: &ClaimObject, pool: &str) -> ClaimState {
-    match unanswered(claim, pool, objects::now().0) {
-        Some(why) => ClaimState::Unanswered(why),
-        None => ClaimState::Waiting(format!("waiting for an address from pool {pool}")),
-    }
-}
-
 /// Deletion: once the Metal3DataClaim is gone (or going), every IP claim of this Metal3Data is
 /// released, of both kinds and whatever named its pool (annotations included), then the
 /// finalizer goes.
-async fn release(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Result<Action, Error> {
+pub(super) async fn release(
+    data: &Metal3Data,
+    ctx: &Context,
+    api: &Api<Metal3Data>,
+) -> Result<Action, Error> {
     let namespace = data.namespace().unwrap_or_default();
     if let Some(claim_name) = &data.spec.claim.name {
         let claim = ctx
@@ -776,17 +430,6 @@ async fn release(data: &Metal3Data, ctx: &Context, api: &Api<Metal3Data>) -> Res
     Ok(Action::await_change())
 }
 
-async fn release_claim<K>(api: &Api<K>, claim: &K) -> Result<(), Error>
-where
-    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    objects::remove_finalizer(api, claim, DATA_FINALIZER).await?;
-    if claim.meta().deletion_timestamp.is_none() {
-        objects::delete_ignoring_missing(api, &claim.name_any()).await?;
-    }
-    Ok(())
-}
-
 /// The Metal3Data a claim or address event concerns: the claim's controlling Metal3Data.
 pub fn owner_data(meta: &Meta) -> Option<ObjectRef<Metal3Data>> {
     meta.owners
@@ -824,6 +467,8 @@ pub fn template_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metal3data::secrets::secret_ref;
+    use k8s_openapi::api::core::v1::SecretReference;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
     fn owned(owners: &[(&str, &str, &str)]) -> ObjectMeta {

@@ -9,6 +9,8 @@
 //! The controllers below run in [`crate::manager::run`], on the shared watch caches.
 
 pub mod data;
+pub mod ip_claims;
+pub mod secrets;
 pub mod template;
 pub mod unanswered;
 

@@ -25,7 +25,7 @@ const FIRST_SWEEP: usize = 1024;
 
 impl<T: ?Sized + Hash + Eq> Interner<T> {
     /// An interner holding nothing yet.
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             values: Mutex::new(Values {
                 set: HashSet::new(),
