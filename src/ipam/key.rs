@@ -21,6 +21,7 @@ pub enum PoolKind {
 }
 
 impl PoolKind {
+    /// Every pool kind bitpool serves.
     pub const ALL: [PoolKind; 5] = [
         PoolKind::InClusterIPPool,
         PoolKind::GlobalInClusterIPPool,
@@ -47,6 +48,7 @@ impl PoolKind {
         }
     }
 
+    /// The API group of the kind.
     pub fn group(self) -> &'static str {
         match self {
             PoolKind::Metal3IPPool => metal3_ipam::GROUP,
@@ -141,10 +143,12 @@ impl PoolKey {
         })
     }
 
+    /// The pool an IPAddress names.
     pub fn of_address(address: &capi::IPAddress) -> Option<Self> {
         Self::of_ref(&address.spec.pool_ref, &address.namespace()?)
     }
 
+    /// The pool a Metal3 IPAddress names.
     pub fn of_metal3_address(address: &metal3_ipam::Metal3IPAddress) -> Option<Self> {
         Some(Self {
             kind: PoolKind::Metal3IPPool,
@@ -164,6 +168,7 @@ impl PoolKey {
         })
     }
 
+    /// The pool as people read it: `<Kind> <namespace>/<name>`.
     pub fn describe(&self) -> String {
         match &self.namespace {
             Some(ns) => format!("{} {ns}/{}", self.kind, self.name),

@@ -50,6 +50,7 @@ pub(super) enum Step {
     Failed(String),
 }
 
+/// Reconciles a Metal3Data: its claims, its rendered secrets and its status, or their release.
 pub async fn reconcile(data: Arc<Metal3Data>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = data
         .namespace()

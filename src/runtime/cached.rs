@@ -31,6 +31,7 @@ pub enum Uid {
 }
 
 impl Uid {
+    /// The UID `text` names, kept as 16 bytes where it is a UUID.
     pub fn of(text: &str) -> Self {
         Self::parse(text).map_or_else(|| Self::Other(text.into()), Self::Uuid)
     }
@@ -54,6 +55,7 @@ impl Uid {
         (digits.len() == 32).then_some(uuid)
     }
 
+    /// Whether no UID is set.
     pub fn is_empty(&self) -> bool {
         matches!(self, Self::Other(text) if text.is_empty())
     }
@@ -131,6 +133,7 @@ impl Owner {
         }
     }
 
+    /// The owner reference as the API writes it.
     pub fn reference(&self) -> OwnerReference {
         OwnerReference {
             api_version: self.api_version.to_string(),
@@ -179,10 +182,12 @@ impl Meta {
         })
     }
 
+    /// Whether the object carries `finalizer`.
     pub fn has_finalizer(&self, finalizer: &str) -> bool {
         self.finalizers.iter().any(|f| &**f == finalizer)
     }
 
+    /// The object's label `key`, if it has it.
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()

@@ -52,6 +52,7 @@ impl<T: Cached> Default for Index<T> {
 }
 
 impl<T: Cached> Index<T> {
+    /// An index holding nothing, not ready.
     pub fn new() -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -128,6 +129,7 @@ impl<T: Cached> Index<T> {
         }
     }
 
+    /// Whether it holds no object.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -61,6 +61,7 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
         self.values.lock().map(|v| v.set.len()).unwrap_or_default()
     }
 
+    /// Whether it holds no value.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -27,6 +27,7 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     T: Cached,
 {
+    /// A cache that makes each object with `convert` (`None` leaves it out).
     pub fn new(convert: fn(&K) -> Option<T>) -> Self {
         Self {
             index: Index::new(),

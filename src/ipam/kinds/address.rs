@@ -72,22 +72,27 @@ impl AnyAddress {
         key.is_named_by(&self.pool, Some(&self.meta.namespace))
     }
 
+    /// The object's name.
     pub fn name(&self) -> String {
         self.meta.name.to_string()
     }
 
+    /// The object's namespace.
     pub fn namespace(&self) -> &str {
         &self.meta.namespace
     }
 
+    /// The object's UID.
     pub fn uid(&self) -> String {
         self.meta.uid.to_string()
     }
 
+    /// Whether the object is being deleted.
     pub fn deleting(&self) -> bool {
         self.meta.deleted.is_some()
     }
 
+    /// The address the object holds, if it parses.
     pub fn ip(&self) -> Option<IpAddr> {
         self.address.parse().ok()
     }
@@ -192,6 +197,7 @@ pub enum Created {
 }
 
 impl NewAddress {
+    /// The name the object is created with.
     pub fn name(&self) -> String {
         match self {
             NewAddress::Capi(a) => a.name_any(),

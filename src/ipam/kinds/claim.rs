@@ -17,6 +17,7 @@ use crate::runtime::objects::{self, FinalizerPatch};
 
 use super::status::{Outcome, capi_status_patch, metal3_status_patch, shows_allocated};
 
+/// Which API a claim is of: Cluster API's IPAddressClaim or Metal3's IPClaim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ClaimKind {
     /// `ipam.cluster.x-k8s.io` IPAddressClaim, answered by an IPAddress of that group.
@@ -53,6 +54,7 @@ impl AnyClaim {
         ClaimObject::of_metal3(object).map(|c| Self(Arc::new(c)))
     }
 
+    /// Which API the claim is of.
     pub fn kind(&self) -> ClaimKind {
         match self.api {
             IpamApi::Capi => ClaimKind::Capi,
@@ -60,10 +62,12 @@ impl AnyClaim {
         }
     }
 
+    /// The claim's name.
     pub fn name(&self) -> String {
         self.meta.name.to_string()
     }
 
+    /// The claim's namespace.
     pub fn namespace(&self) -> String {
         self.meta.namespace.to_string()
     }
@@ -73,6 +77,7 @@ impl AnyClaim {
         Some(self.meta.uid.to_string()).filter(|uid| !uid.is_empty())
     }
 
+    /// The claim as the ledger records it; `None` before it has a UID.
     pub fn id(&self) -> Option<ClaimId> {
         Some(ClaimId {
             uid: self.uid()?,
@@ -116,6 +121,7 @@ impl AnyClaim {
         }
     }
 
+    /// Whether the claim is being deleted.
     pub fn deleting(&self) -> bool {
         self.meta.deleted.is_some()
     }
