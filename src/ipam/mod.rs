@@ -16,11 +16,14 @@
 //! - [`claims`]: claims of either kind whose pool does not exist;
 //! - [`spec`]: pool specs as the allocation core reads them;
 //! - [`sweep`]: ledgers whose pool went without its finalizer;
+//! - [`controllers`]: what wakes each IPAM controller (its pools, their claims and addresses,
+//!   the pools they meet, namespaces, Clusters);
 //! - [`context`]: the runtime's context and what the engine remembers between reconciles.
 
 pub mod capi;
 pub mod claims;
 pub mod context;
+pub mod controllers;
 pub mod dialect;
 pub mod duplicates;
 pub mod engine;
