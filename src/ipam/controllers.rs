@@ -18,6 +18,7 @@ use crate::ipam::dialect::{PoolDialect, PoolSpace};
 use crate::ipam::engine;
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::kinds::{AnyAddress, AnyClaim};
+use crate::ipam::tenancy::Tenancy;
 use crate::runtime::Context;
 use crate::runtime::cache::{Caches, Removals, Shared};
 use crate::runtime::cached::ClaimObject;
@@ -192,21 +193,18 @@ where
     Some(controller)
 }
 
-/// The cluster-scoped pools with a `namespaceSelector`: whom they serve follows namespaces' labels.
+/// The cluster-scoped pools whose `namespaceSelector` leaves some namespaces out (or cannot be
+/// read): whom they serve follows namespaces' labels.
 fn selecting_pools(ctx: &Context) -> impl Iterator<Item = PoolKey> {
-    let global = ctx
-        .global_pools
-        .state()
-        .into_iter()
-        .filter(|p| p.spec.namespace_selector.is_some())
-        .map(|p| p.key());
-    let global_prefix = ctx
-        .global_prefix_pools
-        .state()
-        .into_iter()
-        .filter(|p| p.spec.namespace_selector.is_some())
-        .map(|p| p.key());
-    global.chain(global_prefix).collect::<Vec<_>>().into_iter()
+    fn selecting<P: PoolSpace>(store: &Store<P>) -> Vec<PoolKey> {
+        (store.state().iter())
+            .filter(|p| p.tenancy() != Ok(Tenancy::Everyone))
+            .map(|p| p.key())
+            .collect()
+    }
+    let mut pools = selecting(&ctx.global_pools);
+    pools.extend(selecting(&ctx.global_prefix_pools));
+    pools.into_iter()
 }
 
 /// The pools a Cluster's pause and unpause concern: those its claims name, the namespaced pools

@@ -23,7 +23,7 @@ use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, PoolSpace, Report, fresh_pool_addresses};
 use crate::ipam::duplicates::{self, SharedAddress};
 use crate::ipam::key::PoolKey;
-use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome};
+use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome, refusal_message};
 use crate::ipam::ledger;
 use crate::ipam::ledger::intent::Refusal;
 use crate::ipam::overlaps::{self, Covered, Overlap};
@@ -442,21 +442,17 @@ pub(super) fn claim_event(
             format!("allocated {address} from {}", key.describe()),
         ),
         Outcome::Refused {
-            refusal: Refusal::Alloc(alloc::AllocError::Exhausted),
+            refusal: refusal @ Refusal::Alloc(alloc::AllocError::Exhausted),
             pool,
-            ..
+            spec_error,
         } => (
             Reason::PoolExhausted,
-            format!("{pool} has no free address; the claim waits for one"),
+            refusal_message(pool, refusal, spec_error.as_deref()),
         ),
         Outcome::Refused {
-            refusal:
-                Refusal::NamespaceNotSelected {
-                    namespace,
-                    selector,
-                },
+            refusal: refusal @ Refusal::NamespaceNotSelected { .. },
             pool,
-            ..
+            spec_error,
         } => {
             let reason = Reason::NamespaceNotSelected;
             ctx.ops
@@ -464,7 +460,7 @@ pub(super) fn claim_event(
                 .claim_refused(key.kind.as_str(), reason.as_str());
             (
                 reason,
-                crate::ipam::kinds::not_selected_message(pool, namespace, selector),
+                refusal_message(pool, refusal, spec_error.as_deref()),
             )
         }
         _ => return None,

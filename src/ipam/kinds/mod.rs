@@ -11,4 +11,4 @@ pub mod status;
 
 pub use address::{AnyAddress, Created, FetchError, NewAddress};
 pub use claim::{AnyClaim, ClaimKind};
-pub use status::{Outcome, not_selected_message};
+pub use status::{Outcome, not_selected_message, refusal_message};

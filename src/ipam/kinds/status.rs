@@ -26,97 +26,67 @@ pub enum Outcome {
     Failed(String),
 }
 
-pub(super) fn ledger_full_message(pool: &str, bytes: usize) -> String {
-    format!(
-        "{pool} hands out no new address: its allocation record takes {} KiB of the {} KiB it may, because its addresses are scattered over a vast space (requested addresses across many /64s); release addresses, or serve further claims from another pool",
-        bytes / 1024,
-        crate::ipam::ledger::MAX_BITMAP_BYTES / 1024
-    )
+/// What a person reads of a refusal: a CAPI claim's `Ready` message, a Metal3 claim's
+/// `errorMessage` where upstream has no words of its own, and the claim's Event.
+pub fn refusal_message(pool: &str, refusal: &Refusal, spec_error: Option<&str>) -> String {
+    match refusal {
+        Refusal::PoolInvalid => {
+            format!(
+                "{pool} is not ready: {}",
+                spec_error.unwrap_or("invalid spec")
+            )
+        }
+        Refusal::Alloc(AllocError::Exhausted) => {
+            format!("{pool} has no free address; the claim is retried when one is released")
+        }
+        Refusal::Alloc(e) => e.to_string(),
+        Refusal::Fenced { until } => format!(
+            "{pool} rebuilt its allocation record from its address objects; new addresses are handed out from {until}, when nothing can still be in flight"
+        ),
+        Refusal::Paused => format!(
+            "{pool} is paused (annotation {}): it hands out no address until the annotation is removed",
+            crate::api::labels::PAUSED
+        ),
+        Refusal::Deferred => format!("{pool} is serving earlier claims; this one is next"),
+        Refusal::LedgerFull { bytes } => format!(
+            "{pool} hands out no new address: its allocation record takes {} KiB of the {} KiB it may, because its addresses are scattered over a vast space (requested addresses across many /64s); release addresses, or serve further claims from another pool",
+            bytes / 1024,
+            crate::ipam::ledger::MAX_BITMAP_BYTES / 1024
+        ),
+        Refusal::NotHanded { address, why } => format!(
+            "the claim's address object names {address}, which {pool} did not hand to this claim ({why}): bitpool did not make that object; delete it and the claim is served"
+        ),
+        Refusal::NamespaceNotSelected {
+            namespace,
+            selector,
+        } => not_selected_message(pool, namespace, selector),
+    }
 }
 
-pub(super) fn not_handed_message(pool: &str, address: &std::net::IpAddr, why: &str) -> String {
-    format!(
-        "the claim's address object names {address}, which {pool} did not hand to this claim ({why}): bitpool did not make that object; delete it and the claim is served"
-    )
+/// The contract's reason (one of its three, and bitpool's own for a namespace not selected).
+fn capi_refusal_reason(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::Alloc(AllocError::Exhausted) | Refusal::LedgerFull { .. } => {
+            capi::reasons::POOL_EXHAUSTED
+        }
+        Refusal::PoolInvalid | Refusal::Fenced { .. } | Refusal::Paused | Refusal::Deferred => {
+            capi::reasons::POOL_NOT_READY
+        }
+        Refusal::Alloc(_) | Refusal::NotHanded { .. } => capi::reasons::ALLOCATION_FAILED,
+        Refusal::NamespaceNotSelected { .. } => capi::reasons::NAMESPACE_NOT_SELECTED,
+    }
 }
 
-pub(super) fn fenced_message(pool: &str, until: &str) -> String {
-    format!(
-        "{pool} rebuilt its allocation record from its address objects; new addresses are handed out from {until}, when nothing can still be in flight"
-    )
-}
-
-/// The Ready condition's reason and message for a refusal (the contract's three reasons).
+/// The Ready condition's reason and message for an outcome that is not an allocation.
 pub(super) fn capi_reason(outcome: &Outcome) -> (&'static str, String) {
     match outcome {
         Outcome::Refused {
-            refusal: Refusal::PoolInvalid,
+            refusal,
             pool,
             spec_error,
         } => (
-            capi::reasons::POOL_NOT_READY,
-            format!(
-                "{pool} is not ready: {}",
-                spec_error.as_deref().unwrap_or("invalid spec")
-            ),
-        ),
-        Outcome::Refused {
-            refusal: Refusal::Alloc(AllocError::Exhausted),
-            pool,
-            ..
-        } => (
-            capi::reasons::POOL_EXHAUSTED,
-            format!("{pool} has no free address; the claim is retried when one is released"),
-        ),
-        Outcome::Refused {
-            refusal: Refusal::Alloc(e),
-            ..
-        } => (capi::reasons::ALLOCATION_FAILED, e.to_string()),
-        Outcome::Refused {
-            refusal: Refusal::Fenced { until },
-            pool,
-            ..
-        } => (capi::reasons::POOL_NOT_READY, fenced_message(pool, until)),
-        Outcome::Refused {
-            refusal: Refusal::Paused,
-            pool,
-            ..
-        } => (capi::reasons::POOL_NOT_READY, paused_message(pool)),
-        Outcome::Refused {
-            refusal: Refusal::Deferred,
-            pool,
-            ..
-        } => (
-            capi::reasons::POOL_NOT_READY,
-            format!("{pool} is serving earlier claims; this one is next"),
-        ),
-        Outcome::Refused {
-            refusal: Refusal::LedgerFull { bytes },
-            pool,
-            ..
-        } => (
-            capi::reasons::POOL_EXHAUSTED,
-            ledger_full_message(pool, *bytes),
-        ),
-        Outcome::Refused {
-            refusal: Refusal::NotHanded { address, why },
-            pool,
-            ..
-        } => (
-            capi::reasons::ALLOCATION_FAILED,
-            not_handed_message(pool, address, why),
-        ),
-        Outcome::Refused {
-            refusal:
-                Refusal::NamespaceNotSelected {
-                    namespace,
-                    selector,
-                },
-            pool,
-            ..
-        } => (
-            capi::reasons::NAMESPACE_NOT_SELECTED,
-            not_selected_message(pool, namespace, selector),
+            capi_refusal_reason(refusal),
+            refusal_message(pool, refusal, spec_error.as_deref()),
         ),
         Outcome::Failed(message) => (capi::reasons::ALLOCATION_FAILED, message.clone()),
         Outcome::Allocated { .. } => (ALLOCATED_REASON, String::new()),
@@ -197,83 +167,52 @@ pub fn not_selected_message(pool: &str, namespace: &str, selector: &str) -> Stri
     )
 }
 
-pub(super) fn paused_message(pool: &str) -> String {
-    format!(
-        "{pool} is paused (annotation {}): it hands out no address until the annotation is removed",
-        crate::api::labels::PAUSED
-    )
-}
-
 /// Upstream's `errorMessage` strings, which existing tooling matches on.
 pub(super) fn metal3_error(outcome: &Outcome) -> Option<String> {
     Some(match outcome {
         Outcome::Allocated { .. } => return None,
-        Outcome::Refused {
-            refusal: Refusal::PoolInvalid,
-            pool,
-            spec_error,
-        } => {
-            format!(
-                "{pool} is not ready: {}",
-                spec_error.as_deref().unwrap_or("invalid spec")
-            )
-        }
-        Outcome::Refused {
-            refusal: Refusal::Fenced { until },
-            pool,
-            ..
-        } => fenced_message(pool, until),
         // Neither is a failure, and Metal3 consumers read any errorMessage as one.
         Outcome::Refused {
             refusal: Refusal::Deferred | Refusal::Paused,
             ..
         } => return None,
         Outcome::Refused {
-            refusal: Refusal::LedgerFull { bytes },
-            pool,
-            ..
-        } => ledger_full_message(pool, *bytes),
-        Outcome::Refused {
-            refusal: Refusal::NotHanded { address, why },
-            pool,
-            ..
-        } => not_handed_message(pool, address, why),
-        Outcome::Refused {
-            refusal:
-                Refusal::NamespaceNotSelected {
-                    namespace,
-                    selector,
-                },
-            pool,
-            ..
-        } => not_selected_message(pool, namespace, selector),
-        Outcome::Refused {
             refusal: Refusal::Alloc(e),
             ..
-        } => match e {
-            AllocError::Exhausted => "Exhausted IP Pools".into(),
-            AllocError::RequestedUnparseable { value } => {
-                format!("Invalid ipAddress annotation {value:?}: not a valid IP address")
-            }
-            AllocError::RequestedNotASubPrefix { value, length } => {
-                format!("Invalid ipAddress annotation {value:?}: not a /{length} sub-prefix")
-            }
-            AllocError::ConflictsWithPreAllocation { .. } => {
-                "PreAllocation and requested ip address are conflicting".into()
-            }
-            AllocError::RequestedOutsidePool { .. }
-            | AllocError::RequestedInUse { .. }
-            | AllocError::RequestedPreallocated { .. } => "Requested IP not available".into(),
-            AllocError::PreAllocatedInUse { .. } => "Pre-allocated IP not available".into(),
-            AllocError::PreAllocationOutOfBounds { .. } => "Pre-allocated IP out of bounds".into(),
-            // No upstream words for it: upstream hands such an address another entry's prefix.
-            e @ AllocError::ReservedOutsidePool { .. } => e.to_string(),
-        },
+        } => metal3_alloc_error(e),
+        Outcome::Refused {
+            refusal,
+            pool,
+            spec_error,
+        } => refusal_message(pool, refusal, spec_error.as_deref()),
         // Upstream's words first, which tooling matches; then what exactly is wrong.
         Outcome::Failed(reason) => {
             format!("Failed to create associated IPAddress object: {reason}")
         }
     })
+}
+
+/// Upstream's words for an allocation error.
+fn metal3_alloc_error(e: &AllocError) -> String {
+    match e {
+        AllocError::Exhausted => "Exhausted IP Pools".into(),
+        AllocError::RequestedUnparseable { value } => {
+            format!("Invalid ipAddress annotation {value:?}: not a valid IP address")
+        }
+        AllocError::RequestedNotASubPrefix { value, length } => {
+            format!("Invalid ipAddress annotation {value:?}: not a /{length} sub-prefix")
+        }
+        AllocError::ConflictsWithPreAllocation { .. } => {
+            "PreAllocation and requested ip address are conflicting".into()
+        }
+        AllocError::RequestedOutsidePool { .. }
+        | AllocError::RequestedInUse { .. }
+        | AllocError::RequestedPreallocated { .. } => "Requested IP not available".into(),
+        AllocError::PreAllocatedInUse { .. } => "Pre-allocated IP not available".into(),
+        AllocError::PreAllocationOutOfBounds { .. } => "Pre-allocated IP out of bounds".into(),
+        // No upstream words for it: upstream hands such an address another entry's prefix.
+        e @ AllocError::ReservedOutsidePool { .. } => e.to_string(),
+    }
 }
 
 pub(super) fn metal3_status_patch(

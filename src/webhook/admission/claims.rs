@@ -12,6 +12,7 @@ use crate::api::capi::{self, IPPoolReference};
 use crate::api::capi_pools::{GlobalInClusterIPPool, GlobalInClusterPrefixPool};
 use crate::api::metal3_data::Metal3DataTemplate;
 use crate::api::metal3_ipam::{self, IPClaim, Metal3IPAddress};
+use crate::ipam::dialect::PoolSpace;
 use crate::ipam::key::{PoolKey, PoolKind};
 use crate::ipam::tenancy::{self, Tenancy};
 use crate::webhook::rules::{self, Reference};
@@ -145,24 +146,12 @@ impl Webhooks {
     /// by the engine (which says so on the claim).
     async fn namespace_selected(&self, key: &PoolKey, namespace: &str) -> Verdict {
         let (client, what) = (self.client.clone(), key.describe());
-        let selector = if key.kind.is_prefix() {
-            get(
-                &Api::<GlobalInClusterPrefixPool>::all(client.clone()),
-                &key.name,
-                &what,
-            )
-            .await?
-            .map(|p| p.spec.namespace_selector)
+        let tenancy = if key.kind.is_prefix() {
+            tenancy_of::<GlobalInClusterPrefixPool>(&client, key, &what).await?
         } else {
-            get(
-                &Api::<GlobalInClusterIPPool>::all(client.clone()),
-                &key.name,
-                &what,
-            )
-            .await?
-            .map(|p| p.spec.namespace_selector)
+            tenancy_of::<GlobalInClusterIPPool>(&client, key, &what).await?
         };
-        let Some(Ok(tenancy)) = selector.map(|s| Tenancy::of(s.as_ref())) else {
+        let Some(Ok(tenancy)) = tenancy else {
             return Ok(Vec::new());
         };
         if tenancy == Tenancy::Everyone {
@@ -179,6 +168,20 @@ impl Webhooks {
             tenancy::labels(&found),
         ))
     }
+}
+
+/// The tenancy of the cluster-scoped pool `key`, read from the server (`None` if it is not
+/// there).
+async fn tenancy_of<P>(
+    client: &kube::Client,
+    key: &PoolKey,
+    what: &str,
+) -> Result<Option<Result<Tenancy, String>>, AdmissionError>
+where
+    P: PoolSpace + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let pool = get(&Api::<P>::all(client.clone()), &key.name, what).await?;
+    Ok(pool.map(|p| p.tenancy()))
 }
 
 pub(super) fn metal3_address(request: &AdmissionRequest<DynamicObject>) -> Verdict {

@@ -72,11 +72,8 @@ impl Webhooks {
 
     async fn validate(&self, request: &AdmissionRequest<DynamicObject>) -> Verdict {
         let kind = &request.kind;
-        match pool_kind(request) {
-            Some(pool) if pool.is_metal3() => return self.metal3_pool(request, pool).await,
-            Some(pool) if pool.is_prefix() => return self.prefix_pool(request, pool).await,
-            Some(pool) => return self.capi_pool(request, pool).await,
-            None => {}
+        if let Some(pool) = pool_kind(request) {
+            return self.pool(request, pool).await;
         }
         match (kind.group.as_str(), kind.kind.as_str()) {
             (metal3_ipam::GROUP, "IPClaim") => self.ipclaim(request).await,

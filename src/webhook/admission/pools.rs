@@ -96,19 +96,37 @@ impl Webhooks {
 }
 
 impl Webhooks {
-    pub(super) async fn capi_pool(
+    /// A pool of any kind: its deletion judged alike, an update that leaves its spec as it was
+    /// let through, anything else by its kind's rules.
+    pub(super) async fn pool(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+        kind: PoolKind,
+    ) -> Verdict {
+        if request.operation == Operation::Delete {
+            return self
+                .pool_delete(request, kind, request.namespace.clone())
+                .await;
+        }
+        if spec_unchanged(request) {
+            return Ok(Vec::new());
+        }
+        if kind.is_metal3() {
+            self.metal3_pool(request, kind).await
+        } else if kind.is_prefix() {
+            self.prefix_pool(request, kind).await
+        } else {
+            self.capi_pool(request, kind).await
+        }
+    }
+
+    async fn capi_pool(
         &self,
         request: &AdmissionRequest<DynamicObject>,
         kind: PoolKind,
     ) -> Verdict {
         let spec_of = |o| Ok(ip_pool_of(kind, o)?.map(|(_, spec)| spec));
         let namespace = request.namespace.clone();
-        if request.operation == Operation::Delete {
-            return self.pool_delete(request, kind, namespace).await;
-        }
-        if spec_unchanged(request) {
-            return Ok(Vec::new());
-        }
         let mut problems = self.selector_problems(request, kind).await?;
         if request.kind.version == "v1alpha1"
             && let Some(object) = &request.object
@@ -143,19 +161,13 @@ impl Webhooks {
         Ok(problems)
     }
 
-    pub(super) async fn prefix_pool(
+    async fn prefix_pool(
         &self,
         request: &AdmissionRequest<DynamicObject>,
         kind: PoolKind,
     ) -> Verdict {
         let spec_of = |o| Ok(prefix_pool_of(kind, o)?.map(|(_, spec)| spec));
         let namespace = request.namespace.clone();
-        if request.operation == Operation::Delete {
-            return self.pool_delete(request, kind, namespace).await;
-        }
-        if spec_unchanged(request) {
-            return Ok(Vec::new());
-        }
         let Some(spec) = spec_of(request.object.as_ref())? else {
             return Ok(Vec::new());
         };
@@ -188,18 +200,12 @@ impl Webhooks {
         Ok(problems)
     }
 
-    pub(super) async fn metal3_pool(
+    async fn metal3_pool(
         &self,
         request: &AdmissionRequest<DynamicObject>,
         kind: PoolKind,
     ) -> Verdict {
         let namespace = request.namespace.clone();
-        if request.operation == Operation::Delete {
-            return self.pool_delete(request, kind, namespace).await;
-        }
-        if spec_unchanged(request) {
-            return Ok(Vec::new());
-        }
         let Some(new) = decode::<IPPool>(kind.as_str(), request.object.as_ref())? else {
             return Ok(Vec::new());
         };
