@@ -26,8 +26,8 @@ use crate::runtime::cache::Caches;
 use crate::runtime::cached::ClaimObject;
 use crate::runtime::trigger::Triggers;
 
-/// The Clusters that name an endpoint pool , triggered by their changes and those
-/// of their endpoint claims and the claims' address objects. `None` without Cluster API core.
+/// The Clusters that name an endpoint pool, triggered by their changes and those of their
+/// endpoint claims and the claims' address objects. `None` without Cluster API core.
 pub(crate) fn controller(caches: &Caches, ctx: &Arc<Context>) -> Option<Controller<Cluster>> {
     let clusters = caches.clusters.as_ref()?;
     let cluster_of = |claim: &ClaimObject| {

@@ -16,7 +16,7 @@ use crate::api::metal3_ipam::IPPool;
 use crate::ipam::claims;
 use crate::ipam::dialect::{PoolDialect, PoolSpace};
 use crate::ipam::engine;
-use crate::ipam::key::{PoolKey, PoolKind};
+use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim};
 use crate::ipam::tenancy::Tenancy;
 use crate::runtime::Context;
@@ -222,18 +222,9 @@ fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = Po
         })
         .filter_map(|c| c.pool_key())
         .collect();
-    let of_pools: Vec<PoolKey> = ctx
-        .ippools
-        .state()
-        .into_iter()
+    let of_pools: Vec<PoolKey> = (ctx.ippools.state().iter())
         .filter(|p| p.meta().namespace == namespace && p.spec.cluster_name == name)
-        .filter_map(|p| {
-            Some(PoolKey {
-                kind: PoolKind::Metal3IPPool,
-                namespace: p.meta().namespace.clone(),
-                name: p.meta().name.clone()?,
-            })
-        })
+        .map(|p| p.key())
         .collect();
     of_claims
         .into_iter()
@@ -242,31 +233,16 @@ fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = Po
 }
 
 /// The namespaced pools of `namespace`, of every kind: a move of the namespace pauses its
-/// Clusters, and each pool hands its ledger over then ([`ipam::moving`]).
+/// Clusters, and each pool hands its ledger over then ([`crate::ipam::moving`]).
 fn pools_in(ctx: &Context, namespace: &str) -> Vec<PoolKey> {
-    fn keys<K>(store: &Store<K>, kind: PoolKind, namespace: &str) -> Vec<PoolKey>
-    where
-        K: kube::Resource<DynamicType = ()> + Clone + 'static,
-    {
-        store
-            .state()
-            .iter()
+    fn keys<P: PoolSpace>(store: &Store<P>, namespace: &str) -> Vec<PoolKey> {
+        (store.state().iter())
             .filter(|p| p.meta().namespace.as_deref() == Some(namespace))
-            .filter_map(|p| {
-                Some(PoolKey {
-                    kind,
-                    namespace: Some(namespace.to_string()),
-                    name: p.meta().name.clone()?,
-                })
-            })
+            .map(|p| p.key())
             .collect()
     }
-    let mut pools = keys(&ctx.pools, PoolKind::InClusterIPPool, namespace);
-    pools.extend(keys(
-        &ctx.prefix_pools,
-        PoolKind::InClusterPrefixPool,
-        namespace,
-    ));
-    pools.extend(keys(&ctx.ippools, PoolKind::Metal3IPPool, namespace));
+    let mut pools = keys(&ctx.pools, namespace);
+    pools.extend(keys(&ctx.prefix_pools, namespace));
+    pools.extend(keys(&ctx.ippools, namespace));
     pools
 }
