@@ -21,6 +21,7 @@ use crate::metal3data;
 use crate::runtime::cache::Caches;
 use crate::runtime::context::Needs;
 use crate::runtime::controller::{Switch, run_controller};
+use crate::runtime::resume;
 use crate::runtime::trigger::DEBOUNCE;
 use crate::runtime::{Context, Settings};
 
@@ -168,6 +169,17 @@ pub async fn run(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let controllers = Controllers::new(&caches, &ctx, &stopped);
     caches.start(&client, &settings);
+    // Where the next process picks the claims' changes up (`runtime::resume`).
+    let keeping = match caches.claims_followed(&client, &settings) {
+        (Some(position), now) => Some(resume::keep(
+            resume::ResumeRecord::of(&settings),
+            ctx.clone(),
+            position,
+            stopped.clone(),
+            now,
+        )),
+        (None, _) => None,
+    };
 
     let stopping = ctx.clone();
     let stop_on_shutdown = async move {
@@ -178,5 +190,10 @@ pub async fn run(
     tracing::info!(version = crate::VERSION, commit = crate::COMMIT, namespace = ?settings.namespace, watch_filter = ?settings.watch_filter, groups = ?settings.groups, "controllers started");
     let ipam_ctx = Arc::new(ipam::Context::new(ctx.clone()));
     tokio::spawn(ipam::sweep::run(ipam_ctx.clone()));
-    future::join(controllers.run(&ctx, &ipam_ctx), stop_on_shutdown).await;
+    let keeping = async move {
+        if let Some(keeping) = keeping {
+            keeping.await;
+        }
+    };
+    future::join3(controllers.run(&ctx, &ipam_ctx), stop_on_shutdown, keeping).await;
 }

@@ -26,6 +26,8 @@ pub mod labels {
     pub const PROVIDER: &str = "cluster.x-k8s.io/provider";
     /// The CAPI label that limits a controller to objects labelled with its `--watch-filter` value.
     pub const WATCH_FILTER: &str = "cluster.x-k8s.io/watch-filter";
+    /// The recommended label naming the tool that manages an object.
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 }
 
 /// The field manager of bitpool's server-side applies, as `managedFields` name it.

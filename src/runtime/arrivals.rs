@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 
 use super::index::{Cached, Index};
 use super::lean::Lean;
+use super::resume::Start;
 
 /// Wait before resuming a watch that failed (not one the server ended: that resumes at once).
 const RETRY: Duration = Duration::from_secs(1);
@@ -48,12 +49,13 @@ where
     }
 }
 
-/// Follows every change of `api`'s objects from `version` into `index`'s arrivals, until the
-/// index holds its first complete list.
+/// Follows every change of `api`'s objects from `start.at` into `index`'s arrivals, until the
+/// index holds its first complete list; from `start.fallback` if the server no longer has the
+/// first version (a record of the last process's, [`super::resume`], compacted since).
 pub(super) async fn follow<K, T>(
     api: Api<Lean<K>>,
     config: watcher::Config,
-    mut version: String,
+    start: Start,
     index: Index<T>,
     convert: fn(&K) -> Option<T>,
 ) where
@@ -67,6 +69,7 @@ pub(super) async fn follow<K, T>(
     };
     let kind = K::kind(&()).to_string();
     let listed = index.clone();
+    let (mut version, mut fallback) = (start.at, start.fallback);
     let following = async move {
         loop {
             match watch_once(&api, &params, &mut version, &index, convert).await {
@@ -75,10 +78,17 @@ pub(super) async fn follow<K, T>(
                     tracing::debug!(%kind, error = %e, "the watch of arrivals failed; resuming");
                     tokio::time::sleep(RETRY).await;
                 }
-                Resume::Never(why) => {
-                    tracing::info!(%kind, %why, "new objects wait for the first list");
-                    return;
-                }
+                Resume::Never(why) => match fallback.take() {
+                    Some(now) => {
+                        tracing::info!(%kind, %why, from = %version,
+                            "cannot follow the changes from where the last process left them: objects made while it was down wait for the first list");
+                        version = now;
+                    }
+                    None => {
+                        tracing::info!(%kind, %why, "new objects wait for the first list");
+                        return;
+                    }
+                },
             }
         }
     };

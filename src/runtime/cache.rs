@@ -18,6 +18,8 @@ use serde::de::DeserializeOwned;
 use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Settings};
 use super::index::{Cached, Index};
+use super::lean::Lean;
+use super::resume::{Position, ResumeRecord};
 use super::trigger;
 use super::watched::Watched;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
@@ -280,6 +282,22 @@ impl Caches {
         }
     }
 
+    /// How far the claims' watch has followed their changes, and the collection's version now:
+    /// what the claims' resume record is kept from ([`super::resume::keep`]).
+    pub(crate) fn claims_followed(
+        &self,
+        client: &Client,
+        settings: &Settings,
+    ) -> (
+        Option<Position>,
+        impl Future<Output = Option<String>> + use<>,
+    ) {
+        let claims: Api<Lean<IPAddressClaim>> = api(client, settings.namespace.as_deref());
+        let config = watch_config(settings, true);
+        let now = async move { super::arrivals::current_version(&claims, &config).await };
+        (self.claims.position(), now)
+    }
+
     /// Starts the watches (after every controller subscribed). Kinds of a group that is off may
     /// have no CRD: their caches stay empty and unwatched. The address objects are listed after
     /// the claims: the pool engine serves new claims before the address objects are in, and a
@@ -287,6 +305,7 @@ impl Caches {
     pub(crate) fn start(&mut self, client: &Client, settings: &Settings) {
         let ns = settings.namespace.as_deref();
         let (filtered, unfiltered) = (watch_config(settings, true), watch_config(settings, false));
+        self.claims.resume_from(ResumeRecord::of(settings));
         self.claims.start(api(client, ns), filtered.clone());
         let claims_listed = listed_or_after(&self.claims.index, ADDRESS_LIST_DELAY);
         self.addresses

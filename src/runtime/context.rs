@@ -91,6 +91,28 @@ pub struct Settings {
     pub sync_period: Duration,
 }
 
+impl Settings {
+    /// The settings of a cluster-wide process with every group on, for unit tests.
+    #[cfg(test)]
+    pub fn for_tests() -> Self {
+        Self {
+            namespace: None,
+            watch_filter: None,
+            ledger_namespace: "bitpool-system".into(),
+            bmh_name_based_preallocation: false,
+            metal3_machine_version: "v1beta1",
+            groups: Groups {
+                capi_ipam: true,
+                metal3_ipam: true,
+                migration_proxy: true,
+                metal3_data: true,
+            },
+            concurrency: 0,
+            sync_period: Duration::from_secs(600),
+        }
+    }
+}
+
 /// Which watch caches a controller's reconciles wait for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Needs {

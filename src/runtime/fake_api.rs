@@ -3,7 +3,6 @@
 //! one left unmade, fails the test.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::{Request, Response, StatusCode};
 use kube::Client;
@@ -12,7 +11,7 @@ use kube::runtime::reflector::Store;
 use tokio::task::JoinHandle;
 
 use super::cached::{AddressObject, ClaimObject};
-use super::context::{Context, Groups, Settings};
+use super::context::{Context, Settings};
 use super::index::Index;
 use super::watched::Watched;
 use crate::api::capi::{IPAddress, IPAddressClaim};
@@ -168,21 +167,7 @@ pub fn context(client: Client) -> Context {
     let metrics = Arc::new(Metrics::new());
     Context {
         client,
-        settings: Settings {
-            namespace: None,
-            watch_filter: None,
-            ledger_namespace: "bitpool-system".into(),
-            bmh_name_based_preallocation: false,
-            metal3_machine_version: "v1beta1",
-            groups: Groups {
-                capi_ipam: true,
-                metal3_ipam: true,
-                migration_proxy: true,
-                metal3_data: true,
-            },
-            concurrency: 0,
-            sync_period: Duration::from_secs(600),
-        },
+        settings: Settings::for_tests(),
         claims: Index::new(),
         addresses: Index::new(),
         clusters: None,

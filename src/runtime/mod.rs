@@ -9,7 +9,8 @@
 //! - [`error`]: errors that name the call and the object, split into transient and permanent;
 //! - [`index`], [`cached`], [`intern`], [`lean`]: the caches of claims and address objects, as
 //!   bitpool's own compact types, fed by watches that skip what no reconcile reads;
-//!   [`arrivals`]: the claims that change while their first list is still coming;
+//!   [`arrivals`]: the claims that change while their first list is still coming, followed
+//!   from where the last process left them ([`resume`]);
 //! - [`objects`]: small operations on any object (finalizers, conditions, owners, pause,
 //!   get-optional, delete-ignoring-missing).
 
@@ -25,6 +26,7 @@ pub mod index;
 pub mod intern;
 pub mod lean;
 pub mod objects;
+pub mod resume;
 pub mod selection;
 pub mod trigger;
 pub mod watched;

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::index::{Cached, Index, Objects};
 use super::lean::Lean;
+use super::resume::{Position, ResumeRecord, Start};
 
 /// A cache of `T` made from the objects of kind `K` one watch returns.
 pub struct Watched<K, T> {
@@ -19,6 +20,10 @@ pub struct Watched<K, T> {
     convert: fn(&K) -> Option<T>,
     /// Whether changes are followed while the first list is coming ([`super::arrivals`]).
     arrivals: bool,
+    /// Where an earlier process recorded how far it followed the changes ([`super::resume`]).
+    resume: Option<ResumeRecord>,
+    /// How far this watch has followed the changes (for the arrivals' caches).
+    position: Option<Position>,
     driver: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -33,14 +38,29 @@ where
             index: Index::new(),
             convert,
             arrivals: false,
+            resume: None,
+            position: None,
             driver: None,
         }
     }
 
-    /// Follows the objects' changes while the first list is coming ([`super::arrivals`]).
+    /// Follows the objects' changes while the first list is coming ([`super::arrivals`]), and
+    /// keeps how far they have been followed ([`Self::position`]).
     pub fn with_arrivals(mut self) -> Self {
         self.arrivals = true;
+        self.position = Some(Position::default());
         self
+    }
+
+    /// Follows the changes while the first list is coming from where an earlier process
+    /// recorded it had followed them, rather than from now (before [`Self::start`]).
+    pub fn resume_from(&mut self, record: ResumeRecord) {
+        self.resume = Some(record);
+    }
+
+    /// How far the watch has followed the changes, where it follows arrivals.
+    pub fn position(&self) -> Option<Position> {
+        self.position.clone()
     }
 
     /// Replaces what the cache holds with `objects`, as a complete list from the server does.
@@ -78,16 +98,16 @@ where
             return;
         }
         let (index, convert, arrivals) = (self.index.clone(), self.convert, self.arrivals);
+        let (resume, position) = (self.resume.clone(), self.position.clone());
         let kind = K::kind(&()).to_string();
         self.driver = Some(tokio::spawn(async move {
             after.await;
-            // Taken before the list begins (see `arrivals::current_version`).
-            let since = match arrivals {
-                true => super::arrivals::current_version(&api, &config).await,
+            let start = match arrivals {
+                true => arrivals_start(&api, &config, resume.as_ref()).await,
                 false => None,
             };
-            let arrivals = since.map(|since| {
-                super::arrivals::follow(api.clone(), config.clone(), since, index.clone(), convert)
+            let arrivals = start.map(|start| {
+                super::arrivals::follow(api.clone(), config.clone(), start, index.clone(), convert)
             });
             let streamed = watcher(api.clone(), config.clone().streaming_lists());
             let mut feed = Feed {
@@ -95,6 +115,7 @@ where
                 convert,
                 kind,
                 relist: None,
+                position,
             };
             let cache = async move {
                 if feed.follow(streamed, ListStrategy::Streamed).await == Ended::Refused {
@@ -110,6 +131,30 @@ where
             }
         }));
     }
+}
+
+/// Where the arrivals watch begins: the earlier process's record where there is one the server
+/// still has, else the current version. Both are read before the list begins (see
+/// `arrivals::current_version`); `None` when the server does not answer.
+async fn arrivals_start<K>(
+    api: &Api<Lean<K>>,
+    config: &watcher::Config,
+    resume: Option<&ResumeRecord>,
+) -> Option<Start>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let recorded = match resume {
+        Some(record) => record.read(&api.clone().into_client()).await,
+        None => None,
+    };
+    let current = super::arrivals::current_version(api, config).await?;
+    let start = super::resume::start(recorded, current);
+    if start.fallback.is_some() {
+        tracing::info!(kind = %K::kind(&()), from = %start.at,
+            "following the changes from where the last process left them");
+    }
+    Some(start)
 }
 
 /// How a watch gets its first list of objects.
@@ -134,6 +179,8 @@ struct Feed<K, T> {
     convert: fn(&K) -> Option<T>,
     kind: String,
     relist: Option<Objects<T>>,
+    /// Advanced by every change applied after the first list.
+    position: Option<Position>,
 }
 
 impl<K: Resource<DynamicType = ()> + Clone + Debug + Send + 'static, T: Cached> Feed<K, T> {
@@ -147,6 +194,11 @@ impl<K: Resource<DynamicType = ()> + Clone + Debug + Send + 'static, T: Cached> 
         while let Some(event) = events.next().await {
             match event {
                 Ok(event) => {
+                    if let (Some(position), watcher::Event::Apply(o) | watcher::Event::Delete(o)) =
+                        (&self.position, &event)
+                    {
+                        position.advance(o.meta().resource_version.as_deref());
+                    }
                     let convert = self.convert;
                     self.index
                         .apply(event, &mut self.relist, |Lean(object)| convert(object));

@@ -201,46 +201,54 @@ pub async fn assert_metal3_consistent(env: &Env, pool: &str, within: Duration) {
 /// of its own, no sub-prefix twice, and the ledger holding exactly the live sub-prefixes with
 /// nothing pending.
 pub async fn assert_prefixes_consistent(env: &Env, pool: &str, count: usize, within: Duration) {
-    eventually(
-        &format!("InClusterPrefixPool/{pool} settles"),
-        within,
-        || async {
-            let claims: Vec<IPAddressClaim> =
-                listed(env, |c: &IPAddressClaim| c.spec.pool_ref.name == pool).await?;
-            let served = claims
-                .iter()
-                .filter(|c| ready(c).is_some_and(|r| r.status == "True"))
-                .count();
-            let objects: Vec<IPAddress> =
-                listed(env, |a: &IPAddress| a.spec.pool_ref.name == pool).await?;
-            // The ledger holds each sub-prefix by its number (bitpool::alloc::prefix).
-            let numbers: BTreeSet<String> = objects
-                .iter()
-                .filter_map(|a| {
-                    let network: std::net::IpAddr = a.spec.address.parse().ok()?;
-                    let length = u8::try_from(a.spec.prefix).ok()?;
-                    let family = bitpool::alloc::Family::of(network);
-                    let numbering = bitpool::alloc::Numbering { family, length };
-                    numbering.number(network, length)
-                })
-                .map(|number| number.to_string())
-                .collect();
-            let holders: BTreeSet<&str> = objects
-                .iter()
-                .map(|a| a.spec.claim_ref.name.as_str())
-                .collect();
-            let ledger = env.ledger("InClusterPrefixPool", pool).await?;
-            let recorded: BTreeSet<String> = ledger.addresses().map(|a| a.to_string()).collect();
-            (claims.len() == count
-                && served == count
-                && objects.len() == count
-                && numbers.len() == count
-                && holders.len() == count
-                && recorded == numbers
-                && ledger.pending.is_empty())
-            .then_some(())
-        },
-    )
+    assert_prefix_pool_consistent(env, "InClusterPrefixPool", pool, count, within).await;
+}
+
+/// [`assert_prefixes_consistent`] for the prefix pool `kind`/`pool`, namespaced or global.
+pub async fn assert_prefix_pool_consistent(
+    env: &Env,
+    kind: &str,
+    pool: &str,
+    count: usize,
+    within: Duration,
+) {
+    let of_pool = |r: &bitpool::api::capi::IPPoolReference| r.name == pool && r.kind == kind;
+    eventually(&format!("{kind}/{pool} settles"), within, || async {
+        let claims: Vec<IPAddressClaim> =
+            listed(env, |c: &IPAddressClaim| of_pool(&c.spec.pool_ref)).await?;
+        let served = claims
+            .iter()
+            .filter(|c| ready(c).is_some_and(|r| r.status == "True"))
+            .count();
+        let objects: Vec<IPAddress> =
+            listed(env, |a: &IPAddress| of_pool(&a.spec.pool_ref)).await?;
+        // The ledger holds each sub-prefix by its number (bitpool::alloc::prefix).
+        let numbers: BTreeSet<String> = objects
+            .iter()
+            .filter_map(|a| {
+                let network: std::net::IpAddr = a.spec.address.parse().ok()?;
+                let length = u8::try_from(a.spec.prefix).ok()?;
+                let family = bitpool::alloc::Family::of(network);
+                let numbering = bitpool::alloc::Numbering { family, length };
+                numbering.number(network, length)
+            })
+            .map(|number| number.to_string())
+            .collect();
+        let holders: BTreeSet<&str> = objects
+            .iter()
+            .map(|a| a.spec.claim_ref.name.as_str())
+            .collect();
+        let ledger = env.ledger(kind, pool).await?;
+        let recorded: BTreeSet<String> = ledger.addresses().map(|a| a.to_string()).collect();
+        (claims.len() == count
+            && served == count
+            && objects.len() == count
+            && numbers.len() == count
+            && holders.len() == count
+            && recorded == numbers
+            && ledger.pending.is_empty())
+        .then_some(())
+    })
     .await;
 }
 

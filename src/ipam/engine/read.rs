@@ -7,6 +7,7 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
@@ -18,6 +19,8 @@ use crate::ipam::ledger::Session;
 use crate::ipam::ledger::intent::Refusal;
 use crate::ipam::moving;
 use crate::ipam::tenancy::{self, Tenancy};
+use crate::api::capi::IPAddressClaim;
+use crate::runtime::cached::ClaimObject;
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
 
@@ -146,9 +149,11 @@ async fn observe_unlisted<P: PoolDialect>(
         Sight::Listed | Sight::Unlisted => pool.claims(ctx),
     };
     // Chosen before they are sorted: a restarted pool may have 100,000 claims, nearly all served.
-    let unserved: Vec<AnyClaim> = (candidates.into_iter())
-        .filter(|c| !c.deleting() && c.status_address().is_none())
-        .collect();
+    let unserved = |c: &AnyClaim| !c.deleting() && c.status_address().is_none();
+    let mut unserved: Vec<AnyClaim> = candidates.into_iter().filter(unserved).collect();
+    if sight == Sight::Arriving && !unserved.is_empty() {
+        unserved = arrived_as_they_are(pool, ctx, unserved).await;
+    }
     if unserved.is_empty() {
         return Ok(None);
     }
@@ -175,6 +180,34 @@ async fn observe_unlisted<P: PoolDialect>(
         sight,
         outside,
     }))
+}
+
+/// Those of `arrived` that the server still shows live and unserved, as it shows them. The
+/// changes may be followed from well before now (where the last process left them,
+/// [`crate::runtime::resume`]): a claim first seen as made may have been served since, in a
+/// change still on its way. Read once each, only for the claims about to be served early.
+async fn arrived_as_they_are<P: PoolDialect>(
+    pool: &P,
+    ctx: &Arc<Context>,
+    arrived: Vec<AnyClaim>,
+) -> Vec<AnyClaim> {
+    let key = pool.key();
+    let reads = in_parallel(arrived, |claim| async move {
+        let api: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &claim.meta.namespace);
+        match api.get_opt(&claim.meta.name).await {
+            Ok(found) => found.as_ref().and_then(ClaimObject::of_capi),
+            Err(e) => {
+                tracing::debug!(claim = %claim.meta.name, error = %e,
+                    "cannot read an arrived claim: it waits for the list");
+                None
+            }
+        }
+    })
+    .await;
+    (reads.into_iter().flatten())
+        .map(|claim| AnyClaim::from(Arc::new(claim)))
+        .filter(|c| c.is_of(&key) && !c.deleting() && c.status_address().is_none())
+        .collect()
 }
 
 /// Everything, with the address objects from the caches.
