@@ -27,7 +27,7 @@ use super::context::{Context, Settings};
 use crate::api::labels;
 
 /// The shortest time between two records while the claims change.
-pub const RECORD_EVERY: Duration = Duration::from_secs(30);
+pub const RECORD_EVERY: Duration = Duration::from_secs(5);
 
 /// The key of the claims' version in the record.
 const CLAIMS_KEY: &str = "ipaddressclaims.ipam.cluster.x-k8s.io";

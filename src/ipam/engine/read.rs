@@ -12,6 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 
 use super::{AddressIndex, BATCH, ClaimKey, Sight, address_key, claim_key, in_parallel, usable};
+use crate::api::capi::IPAddressClaim;
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, FetchError, Outcome};
@@ -19,7 +20,6 @@ use crate::ipam::ledger::Session;
 use crate::ipam::ledger::intent::Refusal;
 use crate::ipam::moving;
 use crate::ipam::tenancy::{self, Tenancy};
-use crate::api::capi::IPAddressClaim;
 use crate::runtime::cached::ClaimObject;
 use crate::runtime::error::Error;
 use crate::runtime::objects::{self, FinalizerPatch};
