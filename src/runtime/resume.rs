@@ -164,23 +164,21 @@ pub fn start(recorded: Option<String>, current: String) -> Start {
         (Ok(recorded), Ok(current)) => recorded >= current,
         _ => recorded == current,
     };
-    match recorded {
-        Some(recorded) if !ahead(&recorded) => Start {
-            at: recorded,
-            fallback: Some(current),
-        },
-        Some(recorded) if recorded != current => {
+    if let Some(recorded) = recorded {
+        if !ahead(&recorded) {
+            return Start {
+                at: recorded,
+                fallback: Some(current),
+            };
+        }
+        if recorded != current {
             tracing::warn!(%recorded, %current,
                 "the resume record is ahead of the server: following the claims from now");
-            Start {
-                at: current,
-                fallback: None,
-            }
         }
-        _ => Start {
-            at: current,
-            fallback: None,
-        },
+    }
+    Start {
+        at: current,
+        fallback: None,
     }
 }
 

@@ -18,11 +18,10 @@ use super::resume::{Position, ResumeRecord, Start};
 pub struct Watched<K, T> {
     pub index: Index<T>,
     convert: fn(&K) -> Option<T>,
-    /// Whether changes are followed while the first list is coming ([`super::arrivals`]).
-    arrivals: bool,
     /// Where an earlier process recorded how far it followed the changes ([`super::resume`]).
     resume: Option<ResumeRecord>,
-    /// How far this watch has followed the changes (for the arrivals' caches).
+    /// How far this watch has followed the changes; set where changes are followed while the
+    /// first list is coming ([`super::arrivals`]).
     position: Option<Position>,
     driver: Option<tokio::task::JoinHandle<()>>,
 }
@@ -37,7 +36,6 @@ where
         Self {
             index: Index::new(),
             convert,
-            arrivals: false,
             resume: None,
             position: None,
             driver: None,
@@ -47,7 +45,6 @@ where
     /// Follows the objects' changes while the first list is coming ([`super::arrivals`]), and
     /// keeps how far they have been followed ([`Self::position`]).
     pub fn with_arrivals(mut self) -> Self {
-        self.arrivals = true;
         self.position = Some(Position::default());
         self
     }
@@ -97,8 +94,9 @@ where
         if self.driver.is_some() {
             return;
         }
-        let (index, convert, arrivals) = (self.index.clone(), self.convert, self.arrivals);
+        let (index, convert) = (self.index.clone(), self.convert);
         let (resume, position) = (self.resume.clone(), self.position.clone());
+        let arrivals = position.is_some();
         let kind = K::kind(&()).to_string();
         self.driver = Some(tokio::spawn(async move {
             after.await;
