@@ -3,8 +3,10 @@
 //! (every object, one by namespace and name, readiness) and hands each change to the
 //! controllers that subscribed, as the shared reflector does.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -19,8 +21,33 @@ pub trait Cached: Debug + Send + Sync + 'static {
     fn name(&self) -> &Arc<str>;
 }
 
-/// Namespace → name → object.
-pub(super) type Objects<T> = HashMap<Arc<str>, HashMap<Arc<str>, Arc<T>>>;
+/// Namespace → the objects of it, by name.
+pub(super) type Objects<T> = HashMap<Arc<str>, HashSet<ByName<T>>>;
+
+/// An object in a set where its name is its key: the name is kept once, in the object, rather
+/// than again as a map's key (a hundred thousand keys of 16 bytes and their room).
+pub(super) struct ByName<T>(Arc<T>);
+
+impl<T: Cached> Hash for ByName<T> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `str` hashes: the set is searched by `&str`.
+        (**self.0.name()).hash(state);
+    }
+}
+
+impl<T: Cached> PartialEq for ByName<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name() == other.0.name()
+    }
+}
+
+impl<T: Cached> Eq for ByName<T> {}
+
+impl<T: Cached> Borrow<str> for ByName<T> {
+    fn borrow(&self) -> &str {
+        self.0.name()
+    }
+}
 
 struct Inner<T> {
     objects: RwLock<Objects<T>>,
@@ -78,7 +105,7 @@ impl<T: Cached> Index<T> {
     /// The object `name` of `namespace`, if it is cached.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<T>> {
         let objects = self.inner.objects.read().ok()?;
-        objects.get(namespace)?.get(name).cloned()
+        objects.get(namespace)?.get(name).map(|o| o.0.clone())
     }
 
     /// The objects of `namespace` (or of every namespace, for `None`) changed since the
@@ -113,7 +140,7 @@ impl<T: Cached> Index<T> {
         if let Ok(mut arrivals) = self.inner.arrivals.write()
             && let Some(names) = arrivals.get_mut(namespace)
         {
-            removed = names.remove(name);
+            removed = names.take(name).map(|o| o.0);
             if names.is_empty() {
                 arrivals.remove(namespace);
             }
@@ -124,7 +151,7 @@ impl<T: Cached> Index<T> {
     /// How many objects are cached.
     pub fn len(&self) -> usize {
         match self.inner.objects.read() {
-            Ok(objects) => objects.values().map(HashMap::len).sum(),
+            Ok(objects) => objects.values().map(HashSet::len).sum(),
             Err(_) => 0,
         }
     }
@@ -211,7 +238,7 @@ impl<T: Cached> Index<T> {
         objects
             .entry(object.namespace().clone())
             .or_default()
-            .insert(object.name().clone(), object);
+            .replace(ByName(object));
     }
 
     /// Applies one watch event; `convert` makes the cached form (`None`: not cacheable).
@@ -240,7 +267,7 @@ impl<T: Cached> Index<T> {
                 if let Ok(mut objects) = self.inner.objects.write()
                     && let Some(names) = objects.get_mut(namespace.as_str())
                 {
-                    removed = names.remove(name.as_str());
+                    removed = names.take(name.as_str()).map(|o| o.0);
                     if names.is_empty() {
                         objects.remove(namespace.as_str());
                     }
@@ -264,8 +291,8 @@ impl<T: Cached> Index<T> {
                         let kept = objects.get(&namespace);
                         gone.extend(
                             (names.into_iter())
-                                .filter(|(name, _)| kept.is_none_or(|k| !k.contains_key(name)))
-                                .map(|(_, object)| object),
+                                .filter(|o| kept.is_none_or(|k| !k.contains(&**o.0.name())))
+                                .map(|o| o.0),
                         );
                     }
                 }
@@ -284,16 +311,16 @@ impl<T: Cached> Index<T> {
 }
 
 /// The objects of `namespace` in `objects`, or of every namespace for `None`.
-fn of_namespace<T>(objects: &RwLock<Objects<T>>, namespace: Option<&str>) -> Vec<Arc<T>> {
+fn of_namespace<T: Cached>(objects: &RwLock<Objects<T>>, namespace: Option<&str>) -> Vec<Arc<T>> {
     let Ok(objects) = objects.read() else {
         return Vec::new();
     };
     match namespace {
         Some(namespace) => (objects.get(namespace).into_iter())
-            .flat_map(|m| m.values().cloned())
+            .flat_map(|m| m.iter().map(|o| o.0.clone()))
             .collect(),
         None => (objects.values())
-            .flat_map(|m| m.values().cloned())
+            .flat_map(|m| m.iter().map(|o| o.0.clone()))
             .collect(),
     }
 }
