@@ -299,7 +299,7 @@ fn wrap(explanation: &Explanation) -> String {
 
 /// The claim's Events (of this very object, not an earlier one of its name), oldest first.
 async fn claim_events(client: &Client, claim: &AnyClaim) -> Result<Vec<EventNote>, Error> {
-    let api: Api<Event> = Api::namespaced(client.clone(), &claim.meta.namespace);
+    let api: Api<Event> = Api::namespaced(client.clone(), claim.meta.namespace());
     let selector = format!("involvedObject.name={}", claim.meta.name);
     let listed = api
         .list(&ListParams::default().fields(&selector))

@@ -72,9 +72,8 @@ fn read(ctx: &Context, cluster: &Cluster, namespace: &str) -> ClaimState {
     let uid = Uid::of(cluster.meta().uid.as_deref().unwrap_or_default());
     let owned = claim
         .meta
-        .owners
-        .iter()
-        .any(|o| &*o.kind == "Cluster" && *o.name == *name && o.uid == uid);
+        .owners()
+        .any(|o| o.kind() == "Cluster" && *o.name == *name && o.uid == uid);
     if !owned {
         return ClaimState::Foreign;
     }

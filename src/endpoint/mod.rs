@@ -32,7 +32,7 @@ pub(crate) fn controller(caches: &Caches, ctx: &Arc<Context>) -> Option<Controll
     let clusters = caches.clusters.as_ref()?;
     let cluster_of = |claim: &ClaimObject| {
         let cluster = reference::cluster_of_claim(|key| claim.meta.label(key))?;
-        Some(ObjectRef::<Cluster>::new(cluster).within(&claim.meta.namespace))
+        Some(ObjectRef::<Cluster>::new(cluster).within(claim.meta.namespace()))
     };
     let claims = ctx.claims.clone();
     let triggers = Triggers::new()
@@ -43,7 +43,7 @@ pub(crate) fn controller(caches: &Caches, ctx: &Arc<Context>) -> Option<Controll
                 .requests(move |claim| cluster_of(&claim)),
         )
         .with(caches.addresses.index.requests(move |address| {
-            let claim = claims.get(&address.meta.namespace, &address.claim)?;
+            let claim = claims.get(address.meta.namespace(), &address.claim)?;
             cluster_of(&claim)
         }));
     let controller = Controller::for_shared_stream(clusters.subscribe()?, clusters.store.clone())

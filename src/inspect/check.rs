@@ -273,7 +273,7 @@ fn stuck_deleting(snapshot: &Snapshot, stuck_after: Duration, found: &mut Vec<Fi
         return;
     };
     for claim in claims_of_both_kinds(snapshot) {
-        let Some(deleted) = &claim.meta.deleted else {
+        let Some(deleted) = claim.meta.deleted() else {
             continue;
         };
         let grace = claim
@@ -294,7 +294,7 @@ fn stuck_deleting(snapshot: &Snapshot, stuck_after: Duration, found: &mut Vec<Fi
                 detail: format!(
                     "deleting since {since} ({} s); its finalizers: {}",
                     elapsed.as_secs(),
-                    claim.meta.finalizers.join(", ")
+                    claim.meta.finalizers().join(", ")
                 ),
             });
         }

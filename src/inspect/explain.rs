@@ -99,7 +99,7 @@ pub fn find_claim(snapshot: &Snapshot, namespace: &str, name: &ClaimName) -> Opt
 pub fn explain(snapshot: &Snapshot, claim: &AnyClaim, events: &[EventNote]) -> Explanation {
     let mut said = Vec::new();
     let served = served_by(snapshot, claim);
-    if let Some(deleted) = &claim.meta.deleted {
+    if let Some(deleted) = claim.meta.deleted() {
         said.push(format!(
             "{} is being deleted (since {}); bitpool releases its address and removes its finalizer {}.",
             claim.describe(),
@@ -140,13 +140,12 @@ fn served_by(snapshot: &Snapshot, claim: &AnyClaim) -> Option<String> {
     let named = claim.status_address_name()?;
     let object = snapshot.all_addresses().into_iter().find(|a| {
         a.claim_kind() == claim.kind()
-            && a.namespace() == &*claim.meta.namespace
+            && a.namespace() == &**claim.meta.namespace()
             && a.name() == named
     })?;
-    let prefix = object.prefix.map(|p| format!("/{p}")).unwrap_or_default();
+    let prefix = object.prefix().map(|p| format!("/{p}")).unwrap_or_default();
     let gateway = object
-        .gateway
-        .as_ref()
+        .gateway()
         .map(|g| format!(", gateway {g}"))
         .unwrap_or_default();
     Some(format!(
@@ -162,7 +161,7 @@ fn pool_sentences(snapshot: &Snapshot, claim: &AnyClaim, said: &mut Vec<String>)
     let Some(key) = claim.pool_key() else {
         said.push(format!(
             "It names pool {} {:?} of group {:?}, which is not a kind bitpool serves: another IPAM provider must serve it, or the claim's pool reference is wrong.",
-            claim.pool.kind, claim.pool.name, claim.pool.api_group
+            claim.pool().kind, claim.pool().name, claim.pool().api_group
         ));
         return;
     };

@@ -79,7 +79,7 @@ pub(super) fn capi_address<P: Resource<DynamicType = ()>>(
         },
         spec: IPAddressSpec {
             claim_ref: LocalObjectName { name: claim.name() },
-            pool_ref: (*claim.pool).clone(),
+            pool_ref: claim.pool().clone(),
             address: lease.address.to_string(),
             prefix: i32::from(lease.prefix),
             gateway: lease.gateway.map(|g| g.to_string()),

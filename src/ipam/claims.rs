@@ -42,14 +42,14 @@ pub fn may_be_orphan(ctx: &crate::runtime::context::Context, claim: &Arc<ClaimOb
 /// namespace.
 pub fn capi_stand_in(claim: &ClaimObject) -> IPAddressClaim {
     let mut object = IPAddressClaim::new(&claim.meta.name, Default::default());
-    object.metadata.namespace = Some(claim.meta.namespace.to_string());
+    object.metadata.namespace = Some(claim.meta.namespace().to_string());
     object
 }
 
 /// The stand-in the orphan controller's store holds for an IPClaim.
 pub fn metal3_stand_in(claim: &ClaimObject) -> IPClaim {
     let mut object = IPClaim::new(&claim.meta.name, Default::default());
-    object.metadata.namespace = Some(claim.meta.namespace.to_string());
+    object.metadata.namespace = Some(claim.meta.namespace().to_string());
     object
 }
 
@@ -101,7 +101,7 @@ async fn tell_missing_pool(ctx: &Context, claim: &AnyClaim) -> Result<Action, Er
                 "{} {} not found{where_}; the claim waits for it",
                 key.kind, key.name
             ),
-            claim.generation,
+            claim.generation(),
         ),
     );
     if changed {

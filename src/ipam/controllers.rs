@@ -58,8 +58,8 @@ where
 
 /// The Metal3 IPPool a proxy claim works for: the pool of the IPClaim that owns it.
 fn proxied_for(ctx: &Context, claim: &ClaimObject) -> Option<PoolKey> {
-    let owner = claim.meta.owners.iter().find(|o| &*o.kind == "IPClaim")?;
-    let ipclaim = ctx.ipclaims.get(&claim.meta.namespace, &owner.name)?;
+    let owner = claim.meta.owners().find(|o| o.kind() == "IPClaim")?;
+    let ipclaim = ctx.ipclaims.get(claim.meta.namespace(), &owner.name)?;
     AnyClaim::from(ipclaim).pool_key()
 }
 
@@ -145,7 +145,7 @@ where
         .with(caches.addresses.index.requests(move |address| {
             let claim = for_addresses
                 .claims
-                .get(&address.meta.namespace, &address.claim);
+                .get(address.meta.namespace(), &address.claim);
             let address = AnyAddress::from(address);
             address
                 .pool_key()
@@ -218,7 +218,8 @@ fn pools_of_cluster(ctx: &Context, cluster: &Cluster) -> impl Iterator<Item = Po
         .into_iter()
         .map(AnyClaim::from)
         .filter(|c| {
-            Some(&*c.meta.namespace) == namespace.as_deref() && c.cluster_name() == name.as_deref()
+            Some(&**c.meta.namespace()) == namespace.as_deref()
+                && c.cluster_name() == name.as_deref()
         })
         .filter_map(|c| c.pool_key())
         .collect();

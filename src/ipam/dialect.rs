@@ -257,7 +257,7 @@ fn of_pool(claims: Vec<Arc<ClaimObject>>, key: &PoolKey) -> Vec<AnyClaim> {
 
 /// The address objects of the pool `key` in `cache` (of its namespace, for a namespaced pool).
 pub fn cached_addresses(cache: &Index<AddressObject>, key: &PoolKey) -> Vec<AnyAddress> {
-    let of_pool = |a: &Arc<AddressObject>| key.is_named_by(&a.pool, Some(&a.meta.namespace));
+    let of_pool = |a: &Arc<AddressObject>| key.is_named_by(a.pool(), Some(a.meta.namespace()));
     cache
         .state_of(key.namespace.as_deref())
         .into_iter()

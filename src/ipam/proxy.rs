@@ -279,7 +279,7 @@ impl<'a> Proxy<'a> {
         let mut held_back = false;
         for ipclaim in &ipclaims {
             let mirrored = self.mirrors.contains_key(&*ipclaim.meta.name);
-            let step = match ipclaim.meta.deleted {
+            let step = match ipclaim.meta.deleted() {
                 Some(_) => self.release_one(ipclaim).await?,
                 // A pool being deleted starts serving nobody: only what it mirrors holds it up.
                 None if deleting && !mirrored => Step::Done,

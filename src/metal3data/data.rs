@@ -433,10 +433,9 @@ pub(super) async fn release(
 
 /// The Metal3Data a claim or address event concerns: the claim's controlling Metal3Data.
 pub fn owner_data(meta: &Meta) -> Option<ObjectRef<Metal3Data>> {
-    meta.owners
-        .iter()
-        .find(|o| &*o.kind == "Metal3Data")
-        .map(|o| ObjectRef::new(&o.name).within(&meta.namespace))
+    meta.owners()
+        .find(|o| o.kind() == "Metal3Data")
+        .map(|o| ObjectRef::new(&o.name).within(meta.namespace()))
 }
 
 /// The Metal3Data a Metal3DataClaim's events concern (deletion waits on the claim).

@@ -39,7 +39,7 @@ pub(super) fn owned_by_cached(meta: &Meta, data: &Metal3Data) -> bool {
     let Some(uid) = data.meta().uid.as_deref().map(Uid::of) else {
         return false;
     };
-    meta.owners.iter().any(|o| o.uid == uid)
+    meta.owners().any(|o| o.uid == uid)
 }
 
 /// Finds or creates the claim for one pool and reads its address.
@@ -199,11 +199,12 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     let meta = &claim.meta;
-    if meta.deleted.is_some() {
+    if meta.is_deleted() {
+        let version = meta.resource_version.to_string();
         let listed = objects::Finalizers {
             name: &meta.name,
-            resource_version: &meta.resource_version,
-            current: meta.finalizers.iter().map(|f| &**f),
+            resource_version: &version,
+            current: meta.finalizers().iter().map(|f| &**f),
         };
         listed.set(api, DATA_FINALIZER, false).await?;
         return Ok(ClaimState::Waiting(format!(
@@ -226,13 +227,17 @@ pub(super) fn metal3_address(ctx: &Context, claim: &ClaimObject, pool: &str) -> 
     };
     match ctx
         .metal3_addresses
-        .get(&claim.meta.namespace, address_name)
+        .get(claim.meta.namespace(), address_name)
     {
         Some(address) => ClaimState::Address(PoolAddress {
             address: address.address.to_string(),
-            prefix: address.prefix.unwrap_or(0),
-            gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
-            dns_servers: address.dns_servers.iter().map(|d| d.to_string()).collect(),
+            prefix: address.prefix().unwrap_or(0),
+            gateway: address.gateway().unwrap_or_default().to_string(),
+            dns_servers: address
+                .dns_servers()
+                .iter()
+                .map(|d| d.to_string())
+                .collect(),
         }),
         None => ClaimState::Waiting(format!("IPAddress {address_name} not found")),
     }
@@ -244,7 +249,7 @@ pub(super) fn capi_address(
     reference: &PoolReference,
 ) -> ClaimState {
     let pool = &reference.name;
-    if claim.meta.deleted.is_some() {
+    if claim.meta.is_deleted() {
         return ClaimState::Waiting(format!(
             "IPAddressClaim {} is being deleted",
             claim.meta.name
@@ -259,14 +264,14 @@ pub(super) fn capi_address(
             None => waiting_for_an_address(claim, pool),
         };
     };
-    let namespace = &claim.meta.namespace;
+    let namespace = claim.meta.namespace();
     let Some(address) = ctx.addresses.get(namespace, address_name) else {
         return ClaimState::Waiting(format!("IPAddress {address_name} not found"));
     };
     ClaimState::Address(PoolAddress {
         address: address.address.to_string(),
-        prefix: address.prefix.unwrap_or(0),
-        gateway: address.gateway.as_deref().unwrap_or_default().to_string(),
+        prefix: address.prefix().unwrap_or(0),
+        gateway: address.gateway().unwrap_or_default().to_string(),
         // The CAPI contract carries no DNS; bitpool's own pools may list servers per subnet.
         dns_servers: ctx
             .address_pool(&reference.api_group, &reference.kind, pool, namespace)

@@ -113,13 +113,13 @@ pub(crate) fn data_controller(
                     .with(caches.addresses.index.requests(move |address| {
                         let claim = for_capi
                             .claims
-                            .get(&address.meta.namespace, &address.claim)?;
+                            .get(address.meta.namespace(), &address.claim)?;
                         data::owner_data(&claim.meta)
                     }))
                     .with(caches.metal3_addresses.index.requests(move |address| {
                         let claim = for_metal3
                             .ipclaims
-                            .get(&address.meta.namespace, &address.claim)?;
+                            .get(address.meta.namespace(), &address.claim)?;
                         data::owner_data(&claim.meta)
                     }))
                     .stream(),

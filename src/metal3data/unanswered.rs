@@ -23,17 +23,21 @@ fn answered(claim: &ClaimObject) -> bool {
     claim.address.is_some()
         || !claim.conditions.is_empty()
         || claim.error_message().is_some()
-        || claim.meta.finalizers.iter().any(|f| &**f != DATA_FINALIZER)
+        || claim
+            .meta
+            .finalizers()
+            .iter()
+            .any(|f| &**f != DATA_FINALIZER)
 }
 
 /// Why `claim` (for the template's pool `pool`) has no address, when no provider has answered
 /// it for [`UNANSWERED_AFTER`] at `now`: the error its Metal3Data reports.
 pub fn unanswered(claim: &ClaimObject, pool: &str, now: Timestamp) -> Option<String> {
-    let created = claim.meta.created.as_ref()?.0;
+    let created = claim.meta.created()?;
     if answered(claim) || objects::elapsed(created, now) < UNANSWERED_AFTER {
         return None;
     }
-    let reference = &claim.pool;
+    let reference = claim.pool();
     let (kind, serves) = match claim.api {
         IpamApi::Capi => (
             "IPAddressClaim",

@@ -1,13 +1,12 @@
 //! Shared copies of values that repeat across cached objects (namespaces, finalizers, owner
 //! kinds, pool references, gateways): a hundred thousand address objects of one pool then hold
-//! one copy of its reference, not a hundred thousand.
+//! one copy of its reference, not a hundred thousand. The sets themselves are where the values
+//! are made ([`super::cached`]).
 
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::{Arc, LazyLock, Mutex};
-
-use crate::api::capi::IPPoolReference;
 
 /// A set of shared values. Values no cached object holds any more are dropped when the set has
 /// doubled since the last sweep, so it never outgrows twice what is in use.
@@ -18,6 +17,18 @@ pub struct Interner<T: ?Sized> {
 struct Values<T: ?Sized> {
     set: HashSet<Arc<T>>,
     sweep_at: usize,
+}
+
+impl<T: ?Sized + Hash + Eq> Values<T> {
+    /// Adds `shared`, first dropping the values nobody else holds once the set has doubled.
+    fn insert(&mut self, shared: Arc<T>) -> Arc<T> {
+        if self.set.len() >= self.sweep_at {
+            self.set.retain(|v| Arc::strong_count(v) > 1);
+            self.sweep_at = (self.set.len() * 2).max(FIRST_SWEEP);
+        }
+        self.set.insert(shared.clone());
+        shared
+    }
 }
 
 /// Below this many values the set is never swept.
@@ -44,16 +55,24 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
             // A panic while the lock was held: share nothing rather than fail.
             return make(value);
         };
-        if let Some(shared) = values.set.get(value) {
-            return shared.clone();
+        match values.set.get(value) {
+            Some(shared) => shared.clone(),
+            None => values.insert(make(value)),
         }
-        if values.set.len() >= values.sweep_at {
-            values.set.retain(|v| Arc::strong_count(v) > 1);
-            values.sweep_at = (values.set.len() * 2).max(FIRST_SWEEP);
+    }
+
+    /// The shared copy of a value equal to `value`: `value` itself when there is none yet.
+    pub fn share(&self, value: T) -> Arc<T>
+    where
+        T: Sized,
+    {
+        let Ok(mut values) = self.values.lock() else {
+            return Arc::new(value);
+        };
+        match values.set.get(&value) {
+            Some(shared) => shared.clone(),
+            None => values.insert(Arc::new(value)),
         }
-        let shared = make(value);
-        values.set.insert(shared.clone());
-        shared
     }
 
     /// How many values are shared now.
@@ -69,37 +88,12 @@ impl<T: ?Sized + Hash + Eq> Interner<T> {
 
 /// A label: key and value.
 pub type Label = (Arc<str>, Arc<str>);
-/// An object's labels, in its order.
-pub type Labels = Arc<[Label]>;
 
 static STRINGS: LazyLock<Interner<str>> = LazyLock::new(Interner::new);
-static STRING_LISTS: LazyLock<Interner<[Arc<str>]>> = LazyLock::new(Interner::new);
-static LABEL_SETS: LazyLock<Interner<[Label]>> = LazyLock::new(Interner::new);
-static POOL_REFERENCES: LazyLock<Interner<IPPoolReference>> = LazyLock::new(Interner::new);
 
 /// The shared copy of a string that repeats across objects.
 pub fn string(value: &str) -> Arc<str> {
     STRINGS.get(value, |v: &str| Arc::from(v))
-}
-
-/// The shared copy of a list of strings (finalizers, DNS servers).
-pub fn strings<'a>(values: impl IntoIterator<Item = &'a String>) -> Arc<[Arc<str>]> {
-    let values: Vec<Arc<str>> = values.into_iter().map(|v| string(v)).collect();
-    STRING_LISTS.get(values.as_slice(), |v: &[Arc<str>]| Arc::from(v))
-}
-
-/// The shared copy of a label set.
-pub fn labels<'a>(values: impl IntoIterator<Item = (&'a String, &'a String)>) -> Labels {
-    let values: Vec<(Arc<str>, Arc<str>)> = values
-        .into_iter()
-        .map(|(k, v)| (string(k), string(v)))
-        .collect();
-    LABEL_SETS.get(values.as_slice(), |v: &[(Arc<str>, Arc<str>)]| Arc::from(v))
-}
-
-/// The shared copy of a pool reference.
-pub fn pool_reference(value: &IPPoolReference) -> Arc<IPPoolReference> {
-    POOL_REFERENCES.get(value, |v| Arc::new(v.clone()))
 }
 
 #[cfg(test)]

@@ -309,18 +309,17 @@ fn names_same_owner([api_version, kind, name]: [&str; 3], b: &OwnerReference) ->
 pub fn carries(existing: &Meta, desired: &ObjectMeta) -> bool {
     let wanted = || desired.owner_references.iter().flatten();
     let same =
-        |o: &Owner, d: &OwnerReference| names_same_owner([&o.api_version, &o.kind, &o.name], d);
+        |o: &Owner, d: &OwnerReference| names_same_owner([o.api_version(), o.kind(), &o.name], d);
     let owners_equal = wanted().all(|d| {
-        (existing.owners.iter())
-            .find(|o| same(o, d))
-            .is_some_and(|o| {
-                *o.api_version == d.api_version
-                    && o.uid == Uid::of(&d.uid)
-                    && o.controller == d.controller
-                    && o.block_owner_deletion == d.block_owner_deletion
-            })
+        (existing.owners()).find(|o| same(o, d)).is_some_and(|o| {
+            o.api_version() == d.api_version
+                && o.uid == Uid::of(&d.uid)
+                && o.controller == d.controller
+                && o.block_owner_deletion == d.block_owner_deletion
+        })
     });
-    let no_other_controller = (existing.owners.iter())
+    let no_other_controller = existing
+        .owners()
         .all(|o| o.controller != Some(true) || wanted().any(|d| same(o, d)));
     owners_equal
         && no_other_controller

@@ -112,7 +112,7 @@ type AddressIndex = HashMap<ClaimKey, AnyAddress>;
 fn address_key(address: &AnyAddress) -> ClaimKey {
     ClaimKey {
         kind: address.claim_kind(),
-        namespace: address.meta.namespace.clone(),
+        namespace: address.meta.namespace().clone(),
         name: address.claim.clone(),
     }
 }
@@ -120,7 +120,7 @@ fn address_key(address: &AnyAddress) -> ClaimKey {
 fn claim_key(claim: &AnyClaim) -> ClaimKey {
     ClaimKey {
         kind: claim.kind(),
-        namespace: claim.meta.namespace.clone(),
+        namespace: claim.meta.namespace().clone(),
         name: claim.meta.name.clone(),
     }
 }

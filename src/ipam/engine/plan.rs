@@ -106,9 +106,9 @@ fn not_selected(observed: &Observed, claim: &AnyClaim) -> Option<Refusal> {
     let outside = observed.outside.as_ref()?;
     outside
         .namespaces
-        .contains(&claim.meta.namespace)
+        .contains(claim.meta.namespace())
         .then(|| Refusal::NamespaceNotSelected {
-            namespace: claim.meta.namespace.to_string(),
+            namespace: claim.meta.namespace().to_string(),
             selector: outside.selector.clone(),
         })
 }

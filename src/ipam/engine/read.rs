@@ -100,7 +100,7 @@ pub(super) fn outside<P: PoolDialect>(
     let mut namespaces: HashSet<Arc<str>> = claims
         .live
         .iter()
-        .map(|c| c.meta.namespace.clone())
+        .map(|c| c.meta.namespace().clone())
         .collect();
     namespaces.retain(|ns| {
         !ctx.namespace(ns)
@@ -193,7 +193,7 @@ async fn arrived_as_they_are<P: PoolDialect>(
 ) -> Vec<AnyClaim> {
     let key = pool.key();
     let reads = in_parallel(arrived, |claim| async move {
-        let api: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), &claim.meta.namespace);
+        let api: Api<IPAddressClaim> = Api::namespaced(ctx.client.clone(), claim.meta.namespace());
         match api.get_opt(&claim.meta.name).await {
             Ok(found) => found.as_ref().and_then(ClaimObject::of_capi),
             Err(e) => {
@@ -292,13 +292,13 @@ pub(crate) struct Age {
 /// Claims are served oldest first. Sort with `sort_by_cached_key`: a pool's every claim is
 /// sorted on each reconcile, and the key parses a number.
 pub(crate) fn age(claim: &AnyClaim) -> Age {
-    let recorded = claim.meta.resource_version.parse::<u64>().ok();
+    let recorded = claim.meta.resource_version.number();
     Age {
-        created: claim.meta.created.as_ref().map(|t| t.0),
+        created: claim.meta.created(),
         unordered: recorded.is_none(),
         recorded: recorded.unwrap_or_default(),
         kind: claim.kind(),
-        namespace: claim.meta.namespace.clone(),
+        namespace: claim.meta.namespace().clone(),
         name: claim.meta.name.clone(),
     }
 }
@@ -335,7 +335,7 @@ async fn select_from<P: PoolDialect>(
             continue;
         }
         let finalizer = P::claim_finalizer(claim.kind());
-        match &claim.meta.deleted {
+        match claim.meta.deleted() {
             Some(deleted) => {
                 if !claim.meta.has_finalizer(finalizer) {
                     continue;
@@ -456,7 +456,7 @@ pub(super) fn index_by_claim(
 ) -> (AddressIndex, Vec<AnyAddress>) {
     let rank = |a: &AnyAddress| {
         let is_named = named.get(&address_key(a)) == Some(&a.meta.name);
-        let created = a.meta.created.as_ref().map(|t| t.0);
+        let created = a.meta.created();
         (!is_named, created, a.meta.name.clone())
     };
     // One pass: ranks are compared only where a claim has two objects, which is rare.

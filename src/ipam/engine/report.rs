@@ -186,8 +186,8 @@ pub(super) fn count<P: PoolDialect>(pool: &P, ctx: &Context, done: &Settled, cla
         .collect();
     let oldest = waiting
         .iter()
-        .filter_map(|c| c.meta.created.as_ref())
-        .map(|t| t.0.as_second() as f64)
+        .filter_map(|c| c.meta.created())
+        .map(|t| t.as_second() as f64)
         .reduce(f64::min);
     metrics.pool_pending(&pool_labels(&pool.key()), waiting.len(), oldest);
     metrics.allocated(P::KIND.as_str(), done.second.confirm.len());

@@ -63,13 +63,13 @@ impl AnyAddress {
 
     /// The pool the object says it is from.
     pub fn pool_key(&self) -> Option<crate::ipam::key::PoolKey> {
-        crate::ipam::key::PoolKey::of_ref(&self.pool, &self.meta.namespace)
+        crate::ipam::key::PoolKey::of_ref(self.pool(), self.meta.namespace())
             .filter(|key| !key.name.is_empty())
     }
 
     /// Whether the object says it is from the pool `key`.
     pub fn is_of(&self, key: &crate::ipam::key::PoolKey) -> bool {
-        key.is_named_by(&self.pool, Some(&self.meta.namespace))
+        key.is_named_by(self.pool(), Some(self.meta.namespace()))
     }
 
     /// The object's name.
@@ -79,7 +79,7 @@ impl AnyAddress {
 
     /// The object's namespace.
     pub fn namespace(&self) -> &str {
-        &self.meta.namespace
+        self.meta.namespace()
     }
 
     /// The object's UID.
@@ -89,7 +89,7 @@ impl AnyAddress {
 
     /// Whether the object is being deleted.
     pub fn deleting(&self) -> bool {
-        self.meta.deleted.is_some()
+        self.meta.is_deleted()
     }
 
     /// The address the object holds, if it parses.
@@ -103,7 +103,7 @@ impl AnyAddress {
             IpamApi::Capi => "IPAddress",
             IpamApi::Metal3 => "IPAddress.ipam.metal3.io",
         };
-        format!("{kind} {}/{}", self.meta.namespace, self.meta.name)
+        format!("{kind} {}/{}", self.meta.namespace(), self.meta.name)
     }
 
     /// The UID of the claim it was created for (from its owner references).
@@ -113,9 +113,8 @@ impl AnyAddress {
             IpamApi::Metal3 => "IPClaim",
         };
         self.meta
-            .owners
-            .iter()
-            .find(|o| &*o.kind == kind)
+            .owners()
+            .find(|o| o.kind() == kind)
             .map(|o| &o.uid)
     }
 
@@ -300,7 +299,7 @@ impl AnyClaim {
     /// has no name to read.
     pub async fn fetch_address(&self, ctx: &Context) -> Result<Option<AnyAddress>, FetchError> {
         let named_after_claim = (self.api == IpamApi::Capi
-            && *self.pool.api_group != *metal3_ipam::GROUP)
+            && *self.pool().api_group != *metal3_ipam::GROUP)
             .then(|| self.name());
         let name = self
             .status_address_name()

@@ -69,7 +69,7 @@ impl AnyClaim {
 
     /// The claim's namespace.
     pub fn namespace(&self) -> String {
-        self.meta.namespace.to_string()
+        self.meta.namespace().to_string()
     }
 
     /// The claim's UID; `None` before it has one.
@@ -88,15 +88,15 @@ impl AnyClaim {
 
     /// The pool the claim names, if it is one bitpool serves.
     pub fn pool_key(&self) -> Option<PoolKey> {
-        if self.pool_elsewhere {
+        if self.pool_elsewhere() {
             return None;
         }
-        PoolKey::of_ref(&self.pool, &self.meta.namespace).filter(|key| !key.name.is_empty())
+        PoolKey::of_ref(self.pool(), self.meta.namespace()).filter(|key| !key.name.is_empty())
     }
 
     /// Whether the claim names the pool `key`.
     pub fn is_of(&self, key: &PoolKey) -> bool {
-        !self.pool_elsewhere && key.is_named_by(&self.pool, Some(&self.meta.namespace))
+        !self.pool_elsewhere() && key.is_named_by(self.pool(), Some(self.meta.namespace()))
     }
 
     /// Whether the claim's status already says it holds `address` (as the pool shows it)
@@ -114,7 +114,7 @@ impl AnyClaim {
     /// `spec.clusterName`, else its cluster-name label.
     pub fn cluster_name(&self) -> Option<&str> {
         match self.api {
-            IpamApi::Capi => (self.cluster_name.as_deref())
+            IpamApi::Capi => (self.spec_cluster_name())
                 .filter(|n| !n.is_empty())
                 .or_else(|| self.meta.label(crate::api::labels::CLUSTER_NAME)),
             IpamApi::Metal3 => None,
@@ -123,7 +123,7 @@ impl AnyClaim {
 
     /// Whether the claim is being deleted.
     pub fn deleting(&self) -> bool {
-        self.meta.deleted.is_some()
+        self.meta.is_deleted()
     }
 
     fn kind_name(&self) -> String {
@@ -138,7 +138,7 @@ impl AnyClaim {
         format!(
             "{} {}/{}",
             self.kind_name(),
-            self.meta.namespace,
+            self.meta.namespace(),
             self.meta.name
         )
     }
@@ -173,10 +173,11 @@ impl AnyClaim {
         present: bool,
     ) -> Result<FinalizerPatch, Error> {
         let (ns, meta) = (self.namespace(), &self.meta);
+        let version = meta.resource_version.to_string();
         let listed = objects::Finalizers {
             name: &meta.name,
-            resource_version: &meta.resource_version,
-            current: meta.finalizers.iter().map(|f| &**f),
+            resource_version: &version,
+            current: meta.finalizers().iter().map(|f| &**f),
         };
         match self.api {
             IpamApi::Capi => {
@@ -265,8 +266,8 @@ impl AnyClaim {
 
     /// The claim's labels as Kubernetes spells them (`None` when it has none).
     pub fn labels(&self) -> Option<std::collections::BTreeMap<String, String>> {
-        (!self.meta.labels.is_empty()).then(|| {
-            (self.meta.labels.iter())
+        (!self.meta.labels().is_empty()).then(|| {
+            (self.meta.labels().iter())
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect()
         })

@@ -113,7 +113,7 @@ pub(super) fn shows_allocated(claim: &ClaimObject, address_name: &str, address: 
                 &*c.head.status == "True"
                     && &*c.head.reason == ALLOCATED_REASON
                     && c.message.strip_prefix(ALLOCATED_MESSAGE) == Some(address)
-                    && c.observed_generation == claim.generation
+                    && c.observed_generation() == claim.generation()
             }),
     }
 }
@@ -140,7 +140,7 @@ pub(super) fn capi_status_patch(
                 true,
                 ALLOCATED_REASON,
                 format!("{ALLOCATED_MESSAGE}{address}"),
-                claim.generation,
+                claim.generation(),
             )
         }
         other => {
@@ -150,7 +150,7 @@ pub(super) fn capi_status_patch(
                 false,
                 reason,
                 message,
-                claim.generation,
+                claim.generation(),
             )
         }
     };
@@ -228,7 +228,7 @@ pub(super) fn metal3_status_patch(
     let unchanged = claim.error_message() == error.as_deref() && current == address_name;
     let address = address_name.map(|name| ObjectReference {
         name: Some(name.to_string()),
-        namespace: Some(claim.meta.namespace.to_string()),
+        namespace: Some(claim.meta.namespace().to_string()),
         ..Default::default()
     });
     (!unchanged).then(|| json!({ "status": { "address": address, "errorMessage": error } }))
