@@ -171,13 +171,7 @@ pub async fn run(
     caches.start(&client, &settings);
     // Where the next process picks the claims' changes up (`runtime::resume`).
     let keeping = match caches.claims_followed(&client, &settings) {
-        (Some(position), now) => Some(resume::keep(
-            resume::ResumeRecord::of(&settings),
-            ctx.clone(),
-            position,
-            stopped.clone(),
-            now,
-        )),
+        (Some(followed), now) => Some(resume::keep(followed, ctx.clone(), stopped.clone(), now)),
         (None, _) => None,
     };
 

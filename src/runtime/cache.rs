@@ -19,7 +19,7 @@ use super::cached::{AddressObject, ClaimObject};
 use super::context::{Context, Settings};
 use super::index::{Cached, Index};
 use super::lean::Lean;
-use super::resume::{Position, ResumeRecord};
+use super::resume::{Followed, ResumeRecord};
 use super::trigger;
 use super::watched::Watched;
 use crate::api::capi::{Cluster, IPAddress, IPAddressClaim};
@@ -282,20 +282,21 @@ impl Caches {
         }
     }
 
-    /// How far the claims' watch has followed their changes, and the collection's version now:
-    /// what the claims' resume record is kept from ([`super::resume::keep`]).
+    /// The record the claims' watch resumes from and how far it has followed their changes
+    /// (once [`Self::start`]ed), and the collection's version now: what the claims' resume
+    /// record is kept from ([`super::resume::keep`]).
     pub(crate) fn claims_followed(
         &self,
         client: &Client,
         settings: &Settings,
     ) -> (
-        Option<Position>,
+        Option<Followed>,
         impl Future<Output = Option<String>> + use<>,
     ) {
         let claims: Api<Lean<IPAddressClaim>> = api(client, settings.namespace.as_deref());
         let config = watch_config(settings, true);
         let now = async move { super::arrivals::current_version(&claims, &config).await };
-        (self.claims.position(), now)
+        (self.claims.followed(), now)
     }
 
     /// Starts the watches (after every controller subscribed). Kinds of a group that is off may

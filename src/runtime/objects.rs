@@ -320,7 +320,7 @@ pub fn carries(existing: &Meta, desired: &ObjectMeta) -> bool {
     });
     let no_other_controller = existing
         .owners()
-        .all(|o| o.controller != Some(true) || wanted().any(|d| same(o, d)));
+        .all(|o| !o.is_controller() || wanted().any(|d| same(o, d)));
     owners_equal
         && no_other_controller
         && (desired.finalizers.iter().flatten()).all(|f| existing.has_finalizer(f))

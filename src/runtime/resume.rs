@@ -212,15 +212,21 @@ impl Position {
     }
 }
 
+/// A watch that resumes from `record`, and how far it has followed the changes since.
+#[derive(Clone, Debug)]
+pub struct Followed {
+    pub record: ResumeRecord,
+    pub position: Position,
+}
+
 /// Keeps the record while the process runs: while it leads, at a change of the claims, unless
 /// the last record is younger than [`RECORD_EVERY`] (the changes since are left to the next
 /// record or the stop, never written once the claims rest); at shutdown (`stopped`), once more
 /// with the version the collection has then (`now`), so that the next process follows from
 /// there even after a long rest.
 pub async fn keep<F>(
-    record: ResumeRecord,
+    Followed { record, position }: Followed,
     ctx: Arc<Context>,
-    position: Position,
     mut stopped: watch::Receiver<bool>,
     now: F,
 ) where

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::index::{Cached, Index, Objects};
 use super::lean::Lean;
-use super::resume::{Position, ResumeRecord, Start};
+use super::resume::{Followed, Position, ResumeRecord, Start};
 
 /// A cache of `T` made from the objects of kind `K` one watch returns.
 pub struct Watched<K, T> {
@@ -55,9 +55,13 @@ where
         self.resume = Some(record);
     }
 
-    /// How far the watch has followed the changes, where it follows arrivals.
-    pub fn position(&self) -> Option<Position> {
-        self.position.clone()
+    /// The record the watch resumes from and how far it has followed the changes, where it
+    /// follows arrivals from a record: what that record is kept from.
+    pub fn followed(&self) -> Option<Followed> {
+        Some(Followed {
+            record: self.resume.clone()?,
+            position: self.position.clone()?,
+        })
     }
 
     /// Replaces what the cache holds with `objects`, as a complete list from the server does.

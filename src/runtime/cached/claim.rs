@@ -13,6 +13,21 @@ use crate::runtime::intern::{self, Interner};
 
 /// What claims ask, one copy each.
 static CLAIM_SPECS: LazyLock<Interner<ClaimSpec>> = LazyLock::new(Interner::new);
+/// A generation (`metadata.generation`, a condition's `observedGeneration`) in 8 bytes, not
+/// the 16 of an `Option<i64>`: `i64::MIN`, which the API server never gives, for none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Generation(i64);
+
+impl Generation {
+    fn of(generation: Option<i64>) -> Self {
+        Self(generation.unwrap_or(i64::MIN))
+    }
+
+    fn get(self) -> Option<i64> {
+        (self.0 != i64::MIN).then_some(self.0)
+    }
+}
+
 /// Conditions' types, statuses and reasons, one copy each.
 static CONDITION_HEADS: LazyLock<Interner<ConditionHead>> = LazyLock::new(Interner::new);
 
@@ -35,8 +50,7 @@ pub struct CachedCondition {
     pub head: Arc<ConditionHead>,
     pub message: Box<str>,
     last_transition_time: Stamp,
-    /// `i64::MIN` for none.
-    observed_generation: i64,
+    observed_generation: Generation,
 }
 
 impl CachedCondition {
@@ -49,13 +63,13 @@ impl CachedCondition {
             }),
             message: condition.message.as_str().into(),
             last_transition_time: Stamp::of(Some(&condition.last_transition_time)),
-            observed_generation: condition.observed_generation.unwrap_or(i64::MIN),
+            observed_generation: Generation::of(condition.observed_generation),
         }
     }
 
     /// The generation it was written for.
     pub fn observed_generation(&self) -> Option<i64> {
-        (self.observed_generation != i64::MIN).then_some(self.observed_generation)
+        self.observed_generation.get()
     }
 
     /// The condition as Kubernetes spells it, for a status patch.
@@ -78,8 +92,7 @@ impl CachedCondition {
 pub struct ClaimObject {
     pub api: IpamApi,
     pub meta: Meta,
-    /// `metadata.generation`, `i64::MIN` for none.
-    generation: i64,
+    generation: Generation,
     /// What the claims of a pool ask alike.
     spec: Arc<ClaimSpec>,
     /// The address object its status names, if any.
@@ -135,7 +148,7 @@ impl ClaimObject {
         Self {
             api,
             meta,
-            generation: source.generation.unwrap_or(i64::MIN),
+            generation: Generation::of(source.generation),
             spec: CLAIM_SPECS.share(spec),
             address: None,
             conditions: Box::new([]),
@@ -203,7 +216,7 @@ impl ClaimObject {
 
     /// `metadata.generation`.
     pub fn generation(&self) -> Option<i64> {
-        (self.generation != i64::MIN).then_some(self.generation)
+        self.generation.get()
     }
 
     /// The pool it names. A Metal3 claim's is given as a Metal3 IPPool reference, with an empty
