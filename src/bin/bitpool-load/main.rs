@@ -13,6 +13,7 @@ mod hosts;
 mod provider;
 mod scenario;
 mod workload;
+mod writes;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -75,8 +76,8 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     connections: usize,
     /// Claims the load command takes through the contract's writes itself, before each run and
-    /// after it (the server's own rate for the contract; a run's own size compares it with a
-    /// server holding as many objects).
+    /// after it, at 8, 16 and 32 requests in flight (the server's own rate for the contract is
+    /// the best of them; a run's own size compares it with a server holding as many objects).
     #[arg(long, default_value_t = 1000)]
     contract_sample: usize,
     /// The largest run the peer takes part in (the upstream provider slows down as pools fill).
