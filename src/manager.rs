@@ -15,6 +15,7 @@ use crate::api::capi_pools::{
 use crate::api::metal3_data::{Metal3Data, Metal3DataClaim, Metal3DataTemplate};
 use crate::api::metal3_ipam::{IPClaim, IPPool};
 use crate::endpoint;
+use crate::ipam::coverage::Coverage;
 use crate::ipam::engine;
 use crate::ipam::{self, claims, controllers, ledger, proxy};
 use crate::metal3data;
@@ -45,6 +46,7 @@ impl Controllers {
     fn new(
         caches: &Caches,
         ctx: &Arc<Context>,
+        coverage: &Arc<Coverage>,
         stopped: &tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         let config = ControllerConfig::default()
@@ -72,23 +74,23 @@ impl Controllers {
         Self {
             in_cluster: on.when(
                 groups.capi_ipam,
-                controllers::pool_controller(&caches.pools, caches, ctx),
+                controllers::pool_controller(&caches.pools, caches, ctx, coverage),
             ),
             global: on.when(
                 groups.capi_ipam,
-                controllers::pool_controller(&caches.global_pools, caches, ctx),
+                controllers::pool_controller(&caches.global_pools, caches, ctx, coverage),
             ),
             prefix: on.when(
                 groups.capi_ipam,
-                controllers::pool_controller(&caches.prefix_pools, caches, ctx),
+                controllers::pool_controller(&caches.prefix_pools, caches, ctx, coverage),
             ),
             global_prefix: on.when(
                 groups.capi_ipam,
-                controllers::pool_controller(&caches.global_prefix_pools, caches, ctx),
+                controllers::pool_controller(&caches.global_prefix_pools, caches, ctx, coverage),
             ),
             metal3: on.when(
                 groups.metal3_pools(),
-                controllers::pool_controller(&caches.ippools, caches, ctx)
+                controllers::pool_controller(&caches.ippools, caches, ctx, coverage)
                     .and_then(|c| controllers::with_proxy_targets(c, caches, ctx)),
             ),
             orphan_claims: on.when(groups.capi_ipam || groups.metal3_ipam, Some(orphan_claims)),
@@ -167,7 +169,8 @@ pub async fn run(
         tracing::info!("watch caches synced");
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let controllers = Controllers::new(&caches, &ctx, &stopped);
+    let ipam_ctx = Arc::new(ipam::Context::new(ctx.clone()));
+    let controllers = Controllers::new(&caches, &ctx, &ipam_ctx.coverage, &stopped);
     caches.start(&client, &settings);
     // Where the next process picks the claims' changes up (`runtime::resume`).
     let keeping = match caches.claims_followed(&client, &settings) {
@@ -182,7 +185,6 @@ pub async fn run(
         let _ = stop.send(true);
     };
     tracing::info!(version = crate::VERSION, commit = crate::COMMIT, namespace = ?settings.namespace, watch_filter = ?settings.watch_filter, groups = ?settings.groups, "controllers started");
-    let ipam_ctx = Arc::new(ipam::Context::new(ctx.clone()));
     tokio::spawn(ipam::sweep::run(ipam_ctx.clone()));
     let keeping = async move {
         if let Some(keeping) = keeping {

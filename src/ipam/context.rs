@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
 
+use super::coverage::Coverage;
 use super::key::{PoolKey, PoolKind};
 use super::spec::SpecFingerprint;
 use crate::runtime;
@@ -46,6 +47,8 @@ struct Memory {
 pub struct Context {
     shared: Arc<runtime::Context>,
     memory: Memory,
+    /// What each pool covers and which pools meet, shared with the controllers' triggers.
+    pub coverage: Arc<Coverage>,
 }
 
 impl Deref for Context {
@@ -68,6 +71,7 @@ impl Context {
         Self {
             shared,
             memory: Memory::default(),
+            coverage: Arc::default(),
         }
     }
 

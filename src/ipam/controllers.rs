@@ -14,8 +14,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use crate::api::capi::Cluster;
 use crate::api::metal3_ipam::IPPool;
 use crate::ipam::claims;
+use crate::ipam::coverage::Coverage;
 use crate::ipam::dialect::{PoolDialect, PoolSpace};
-use crate::ipam::engine;
 use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim};
 use crate::ipam::tenancy::Tenancy;
@@ -100,20 +100,24 @@ fn proxies_of<X: PoolDialect>(
     }
 }
 
-/// Maps a changed pool (of any kind) to the pools in `store` whose addresses meet its own.
-fn meeting<P, X>(store: &Store<P>) -> impl Fn(Arc<X>) -> Vec<ObjectRef<P>> + Send + Sync + 'static
+/// Maps a changed pool (of any kind) to the pools in `store` whose addresses met it before or
+/// meet it now: once per spec, since a status written changes what no pool meets.
+fn meeting<P, X>(
+    store: &Store<P>,
+    coverage: &Arc<Coverage>,
+) -> impl Fn(Arc<X>) -> Vec<ObjectRef<P>> + Send + Sync + 'static
 where
     P: PoolDialect,
     X: PoolDialect,
 {
-    let store = store.clone();
+    let (store, coverage) = (store.clone(), coverage.clone());
     move |changed: Arc<X>| {
-        let Some(covered) = changed.covered() else {
+        let Some(change) = coverage.change_for(P::KIND, &*changed) else {
             return Vec::new();
         };
         let key = changed.key();
-        engine::covered_pools(&store)
-            .filter(|(other, theirs)| *other != key && theirs.meets(&covered).is_some())
+        (coverage.pools_of(&store).into_iter())
+            .filter(|(other, theirs)| *other != key && change.concerns(theirs))
             .filter_map(|(other, _)| other.object_ref::<P>())
             .collect()
     }
@@ -126,6 +130,7 @@ pub(crate) fn pool_controller<P>(
     pools: &Shared<P>,
     caches: &Caches,
     ctx: &Arc<Context>,
+    coverage: &Arc<Coverage>,
 ) -> Option<Controller<P>>
 where
     P: PoolDialect,
@@ -167,14 +172,20 @@ where
     let mut controller = Controller::for_shared_stream(pools.subscribe()?, pools.store.clone())
         .reconcile_on(triggers.stream())
         // A pool of any kind that comes, changes or goes: the pools it meets say so.
-        .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store))
-        .watches_shared_stream(caches.global_pools.subscribe()?, meeting(&pools.store))
-        .watches_shared_stream(caches.prefix_pools.subscribe()?, meeting(&pools.store))
+        .watches_shared_stream(caches.pools.subscribe()?, meeting(&pools.store, coverage))
+        .watches_shared_stream(
+            caches.global_pools.subscribe()?,
+            meeting(&pools.store, coverage),
+        )
+        .watches_shared_stream(
+            caches.prefix_pools.subscribe()?,
+            meeting(&pools.store, coverage),
+        )
         .watches_shared_stream(
             caches.global_prefix_pools.subscribe()?,
-            meeting(&pools.store),
+            meeting(&pools.store, coverage),
         )
-        .watches_shared_stream(caches.ippools.subscribe()?, meeting(&pools.store));
+        .watches_shared_stream(caches.ippools.subscribe()?, meeting(&pools.store, coverage));
     // A namespace labelled or unlabelled: the global pools that select namespaces decide again.
     let selecting = ctx.clone();
     controller = controller.watches_shared_stream(caches.namespaces.subscribe()?, move |_| {

@@ -24,6 +24,7 @@ pub mod capi;
 pub mod claims;
 pub mod context;
 pub mod controllers;
+pub mod coverage;
 pub mod dialect;
 pub mod duplicates;
 pub mod engine;

@@ -5,6 +5,7 @@
 use std::net::IpAddr;
 
 use crate::alloc::{AddressSpace, Family};
+use crate::ipam::key::PoolKey;
 
 /// The addresses a pool can hand out, as ranges of its family's values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,20 +53,24 @@ pub struct Overlap {
     pub last: IpAddr,
 }
 
-/// The pools among `others` that meet `own`, by name.
-pub fn find(own: &Covered, others: impl IntoIterator<Item = (String, Covered)>) -> Vec<Overlap> {
-    let mut found: Vec<Overlap> = others
+/// The pools among `others` that meet `own`, by name, each with its key.
+pub fn find<C: std::borrow::Borrow<Covered>>(
+    own: &Covered,
+    others: impl IntoIterator<Item = (PoolKey, C)>,
+) -> Vec<(PoolKey, Overlap)> {
+    let mut found: Vec<(PoolKey, Overlap)> = others
         .into_iter()
-        .filter_map(|(pool, covered)| {
-            let (first, last) = own.meets(&covered)?;
-            Some(Overlap {
-                pool,
+        .filter_map(|(key, covered)| {
+            let (first, last) = own.meets(covered.borrow())?;
+            let overlap = Overlap {
+                pool: key.describe(),
                 first: own.family.address(first),
                 last: own.family.address(last),
-            })
+            };
+            Some((key, overlap))
         })
         .collect();
-    found.sort_by(|a, b| a.pool.cmp(&b.pool));
+    found.sort_by(|a, b| a.1.pool.cmp(&b.1.pool));
     found
 }
 
@@ -87,6 +92,7 @@ pub fn message(overlaps: &[Overlap]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ipam::key::PoolKind;
 
     fn v4(ranges: &[(&str, &str)]) -> Covered {
         let value = |s: &str| crate::alloc::family::to_value(s.parse().expect("test address"));
@@ -99,28 +105,33 @@ mod tests {
     #[test]
     fn pools_meet_where_their_ranges_do() {
         let own = v4(&[("10.77.0.1", "10.77.0.254")]);
+        let key = |kind, name: &str| PoolKey {
+            kind,
+            namespace: Some("ns".into()),
+            name: name.into(),
+        };
         let others = vec![
             (
-                "IPPool ns/c".to_string(),
+                key(PoolKind::Metal3IPPool, "c"),
                 v4(&[("10.77.0.200", "10.77.1.10")]),
             ),
             (
-                "InClusterIPPool ns/b".to_string(),
+                key(PoolKind::InClusterIPPool, "b"),
                 v4(&[("10.77.0.0", "10.77.0.255")]),
             ),
             (
-                "InClusterIPPool ns/far".to_string(),
+                key(PoolKind::InClusterIPPool, "far"),
                 v4(&[("10.78.0.1", "10.78.0.9")]),
             ),
             (
-                "InClusterIPPool ns/v6".to_string(),
+                key(PoolKind::InClusterIPPool, "v6"),
                 Covered {
                     family: Family::V6,
                     ranges: vec![(1, u128::MAX)],
                 },
             ),
         ];
-        let found = find(&own, others);
+        let found: Vec<Overlap> = find(&own, others).into_iter().map(|(_, o)| o).collect();
         let shown: Vec<String> = found
             .iter()
             .map(|o| format!("{} {}-{}", o.pool, o.first, o.last))

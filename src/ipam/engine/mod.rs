@@ -28,7 +28,6 @@ mod reserve;
 mod settle;
 
 pub(crate) use read::age;
-pub use report::covered_pools;
 
 #[cfg(test)]
 mod scenarios;

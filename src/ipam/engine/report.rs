@@ -26,7 +26,7 @@ use crate::ipam::key::PoolKey;
 use crate::ipam::kinds::{AnyAddress, AnyClaim, ClaimKind, Outcome, refusal_message};
 use crate::ipam::ledger;
 use crate::ipam::ledger::intent::Refusal;
-use crate::ipam::overlaps::{self, Covered, Overlap};
+use crate::ipam::overlaps::{self, Overlap};
 use crate::ipam::tenancy::{self, Reach, Tenancy};
 use crate::ops::events::Reason;
 use crate::runtime::error::Error;
@@ -271,32 +271,56 @@ pub(super) fn report_foreign<P: PoolSpace>(pool: &P, ctx: &Context, foreign: &[A
         .publish(pool.object_ref(&()), Reason::ForeignAddress, message);
 }
 
-/// The pools of one kind that hand out addresses, by key, from their cache.
-pub fn covered_pools<Q: PoolSpace>(
-    store: &Store<Q>,
-) -> impl Iterator<Item = (PoolKey, Covered)> + use<Q> {
-    store
-        .state()
-        .into_iter()
-        .filter(|p| p.meta().deletion_timestamp.is_none())
-        .filter_map(|p| Some((p.key(), p.covered()?)))
-}
-
-/// Other pools, of every kind, whose addresses meet this one's (from the caches).
+/// Other pools, of every kind, whose addresses meet this one's (from the caches, found again
+/// only when some pool's coverage changed: [`crate::ipam::coverage`]).
 pub(super) fn overlapping_pools<P: PoolSpace>(pool: &P, ctx: &Context) -> Vec<Overlap> {
-    let Some(own) = pool.covered() else {
+    let coverage = &ctx.coverage;
+    let Some(own) = coverage.covered(pool) else {
         return Vec::new();
     };
-    let key = pool.key();
-    let others = covered_pools(&ctx.pools)
-        .chain(covered_pools(&ctx.global_pools))
-        .chain(covered_pools(&ctx.prefix_pools))
-        .chain(covered_pools(&ctx.global_prefix_pools))
-        .chain(covered_pools(&ctx.ippools))
-        .filter(|(other, _)| *other != key)
-        .map(|(other, covered)| (other.describe(), covered));
-    overlaps::find(&own, others)
+    let find = || {
+        forget_gone_pools(ctx);
+        let key = pool.key();
+        let others = (coverage.pools_of(&ctx.pools).into_iter())
+            .chain(coverage.pools_of(&ctx.global_pools))
+            .chain(coverage.pools_of(&ctx.prefix_pools))
+            .chain(coverage.pools_of(&ctx.global_prefix_pools))
+            .chain(coverage.pools_of(&ctx.ippools))
+            .filter(|(other, _)| *other != key);
+        overlaps::find(&own, others)
+    };
+    coverage.meets(pool, |key| ctx.pool_exists(key), find)
 }
+
+/// Lets the coverage forget pools that are gone, once it keeps more than there are.
+fn forget_gone_pools(ctx: &Context) {
+    fn uids<Q: PoolSpace>(store: &Store<Q>) -> Vec<String> {
+        (store.state().iter())
+            .filter_map(|p| p.meta().uid.clone())
+            .collect()
+    }
+    let there = ctx.pools.state().len()
+        + ctx.global_pools.state().len()
+        + ctx.prefix_pools.state().len()
+        + ctx.global_prefix_pools.state().len()
+        + ctx.ippools.state().len();
+    if ctx.coverage.len() <= there + FORGET_BEYOND {
+        return;
+    }
+    let all: Vec<String> = [
+        uids(&ctx.pools),
+        uids(&ctx.global_pools),
+        uids(&ctx.prefix_pools),
+        uids(&ctx.global_prefix_pools),
+        uids(&ctx.ippools),
+    ]
+    .concat();
+    ctx.coverage
+        .retain(&all.iter().map(String::as_str).collect());
+}
+
+/// How many gone pools the coverage may keep before it forgets them.
+const FORGET_BEYOND: usize = 64;
 
 /// Says so when the pool meets others: an Event and the metric (and the status, where the
 /// pool kind has conditions).
