@@ -299,11 +299,11 @@ fn forget_gone_pools(ctx: &Context) {
             .filter_map(|p| p.meta().uid.clone())
             .collect()
     }
-    let there = ctx.pools.state().len()
-        + ctx.global_pools.state().len()
-        + ctx.prefix_pools.state().len()
-        + ctx.global_prefix_pools.state().len()
-        + ctx.ippools.state().len();
+    let there = ctx.pools.len()
+        + ctx.global_pools.len()
+        + ctx.prefix_pools.len()
+        + ctx.global_prefix_pools.len()
+        + ctx.ippools.len();
     if ctx.coverage.len() <= there + FORGET_BEYOND {
         return;
     }
