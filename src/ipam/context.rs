@@ -1,6 +1,6 @@
 //! The pool engine's context: the runtime's, which every subsystem shares, and what the engine
-//! remembers between reconciles of this process (cached address spaces, orphan timers, address
-//! objects it created or deleted while the watches catch up).
+//! remembers between reconciles of this process (cached address spaces, the last ledger records,
+//! orphan timers, address objects it created or deleted while the watches catch up).
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -11,6 +11,7 @@ use kube::runtime::reflector::Store;
 
 use super::coverage::Coverage;
 use super::key::{PoolKey, PoolKind};
+use super::ledger::memory::Records;
 use super::spec::SpecFingerprint;
 use crate::runtime;
 use crate::runtime::cached::Uid;
@@ -49,6 +50,8 @@ pub struct Context {
     memory: Memory,
     /// What each pool covers and which pools meet, shared with the controllers' triggers.
     pub coverage: Arc<Coverage>,
+    /// The last record of each pool's ledger this process read or wrote.
+    pub records: Records,
 }
 
 impl Deref for Context {
@@ -72,6 +75,7 @@ impl Context {
             shared,
             memory: Memory::default(),
             coverage: Arc::default(),
+            records: Records::default(),
         }
     }
 

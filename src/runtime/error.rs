@@ -25,6 +25,8 @@ pub enum Error {
     LedgerNamespaceMissing(String),
     #[error("ledger {ledger} kept changing under {attempts} attempts")]
     LedgerContention { ledger: String, attempts: usize },
+    #[error("ledger {ledger} changed since this process last read or wrote it")]
+    LedgerOutdated { ledger: String },
     #[error("{0} has no namespace")]
     MissingNamespace(String),
 }
@@ -140,6 +142,7 @@ impl Error {
             Error::Api { .. } => "connection",
             Error::LedgerNamespaceMissing(_) => "ledger_namespace_missing",
             Error::LedgerContention { .. } => "ledger_contention",
+            Error::LedgerOutdated { .. } => "ledger_outdated",
             Error::MissingNamespace(_) => "missing_namespace",
         }
     }
@@ -159,6 +162,7 @@ impl Error {
         match self {
             Error::Api { .. }
             | Error::LedgerContention { .. }
+            | Error::LedgerOutdated { .. }
             | Error::LedgerNamespaceMissing(_) => Retry::Transient,
             Error::MissingNamespace(_) => Retry::OnChange,
         }

@@ -292,7 +292,8 @@ pub(super) fn overlapping_pools<P: PoolSpace>(pool: &P, ctx: &Context) -> Vec<Ov
     coverage.meets(pool, |key| ctx.pool_exists(key), find)
 }
 
-/// Lets the coverage forget pools that are gone, once it keeps more than there are.
+/// Lets the coverage and the remembered ledgers forget pools that are gone, once either keeps
+/// more than there are.
 fn forget_gone_pools(ctx: &Context) {
     fn uids<Q: PoolSpace>(store: &Store<Q>) -> Vec<String> {
         (store.state().iter())
@@ -304,7 +305,8 @@ fn forget_gone_pools(ctx: &Context) {
         + ctx.prefix_pools.len()
         + ctx.global_prefix_pools.len()
         + ctx.ippools.len();
-    if ctx.coverage.len() <= there + FORGET_BEYOND {
+    let kept = ctx.coverage.len().max(ctx.records.len());
+    if kept <= there + FORGET_BEYOND {
         return;
     }
     let all: Vec<String> = [
@@ -315,8 +317,9 @@ fn forget_gone_pools(ctx: &Context) {
         uids(&ctx.ippools),
     ]
     .concat();
-    ctx.coverage
-        .retain(&all.iter().map(String::as_str).collect());
+    let present = all.iter().map(String::as_str).collect();
+    ctx.coverage.retain(&present);
+    ctx.records.retain(&present);
 }
 
 /// How many gone pools the coverage may keep before it forgets them.

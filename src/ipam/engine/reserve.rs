@@ -9,6 +9,7 @@ use super::{AddressIndex, ClaimKey, Outcomes, Round, Told, address_key, keep_fir
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, fresh_pool_addresses};
 use crate::ipam::kinds::{AnyAddress, AnyClaim};
+use crate::ipam::ledger::commit::Start;
 use crate::ipam::ledger::{self, Intent, Ledger, Session};
 use crate::runtime::error::Error;
 use crate::runtime::objects;
@@ -20,6 +21,8 @@ pub(super) struct Reserved<'a, P> {
     pub(super) first: Intent,
     /// Each request's lease or refusal.
     pub(super) outcomes: Outcomes,
+    /// The ledger as transaction 1 left it, for transaction 2 to start from.
+    pub(super) stored: Option<ledger::Stored>,
     /// When it was committed: creates for its reservations start their window here.
     pub(super) committed: std::time::Instant,
     /// The first ledger error: it does not hold up releases and is returned once they are done.
@@ -32,7 +35,7 @@ pub(super) struct Reserved<'a, P> {
 /// binds, confirmations). Claims whose objects it judged are served or told why not.
 pub(super) async fn reserve<'a, P: PoolDialect>(
     round: &'a Round<'_, P>,
-    mut first: Intent,
+    first: Intent,
     found: Vec<(AnyClaim, AnyAddress)>,
 ) -> Reserved<'a, P> {
     let (pool, ctx, spec_error) = (round.pool, round.ctx, &round.spec_error);
@@ -40,21 +43,30 @@ pub(super) async fn reserve<'a, P: PoolDialect>(
     let deleting = pool.meta().deletion_timestamp.is_some();
     let session = Session::open(pool, ctx, base);
     let mut ledger_error = None;
-    let mut told = Told::default();
-    let addresses = &round.observed.addresses;
-    let live_objects = addresses.values().any(|a| !a.deleting());
-    let create = !deleting && live_objects;
+    let live_objects = round.observed.addresses.values().any(|a| !a.deleting());
     let repair = Repair {
         session: &session,
         named: &round.observed.named,
-        create,
+        create: !deleting && live_objects,
     };
-    let repaired = repair_record(pool, ctx, repair, addresses, &mut first, &mut told).await;
-    let known = keep_first(&mut ledger_error, repaired).flatten();
-
     let create = !deleting && !first.allocate.is_empty();
-    let committed = session.commit(known, &first, create).await;
-    let outcomes = keep_first(&mut ledger_error, committed).map(|committed| committed.outcomes);
+    let mut transaction =
+        first_transaction(round, &repair, first.clone(), create, Judged::FromMemory).await;
+    if matches!(transaction.committed, Err(Error::LedgerOutdated { .. })) {
+        // The record remembered from the last reconcile was changed by someone else: what was
+        // judged from it is judged again, from the server's.
+        transaction = first_transaction(round, &repair, first, create, Judged::FromServer).await;
+    }
+    let FirstTransaction {
+        first,
+        repaired,
+        committed,
+        mut told,
+    } = transaction;
+    keep_first(&mut ledger_error, repaired);
+    let committed = keep_first(&mut ledger_error, committed);
+    let stored = committed.as_ref().and_then(|c| c.stored.clone());
+    let outcomes = committed.map(|committed| committed.outcomes);
     // Unjudged (the commit failed), a found object serves nobody this time.
     if let Some(outcomes) = &outcomes {
         told.settle_found(pool, found, outcomes, spec_error);
@@ -63,10 +75,55 @@ pub(super) async fn reserve<'a, P: PoolDialect>(
         session,
         first,
         outcomes: outcomes.unwrap_or_default(),
+        stored,
         committed: std::time::Instant::now(),
         ledger_error,
         told,
     }
+}
+
+/// Transaction 1 as one attempt left it.
+struct FirstTransaction {
+    /// The intent, with what the repair added.
+    first: Intent,
+    /// The repair's error, if it failed.
+    repaired: Result<(), Error>,
+    committed: Result<ledger::Committed, Error>,
+    told: Told,
+}
+
+/// The record repaired and transaction 1 committed, judged from the record `judged`.
+async fn first_transaction<P: PoolDialect>(
+    round: &Round<'_, P>,
+    repair: &Repair<'_, '_, P>,
+    mut first: Intent,
+    create: bool,
+    judged: Judged,
+) -> FirstTransaction {
+    let (pool, ctx) = (round.pool, round.ctx);
+    let mut told = Told::default();
+    let addresses = &round.observed.addresses;
+    let repaired = repair_record(pool, ctx, repair, judged, addresses, &mut first, &mut told);
+    let (repaired, start) = match repaired.await {
+        Ok(start) => (Ok(()), start),
+        Err(e) => (Err(e), Start::Unread),
+    };
+    let committed = repair.session.commit(start, &first, create).await;
+    FirstTransaction {
+        first,
+        repaired,
+        committed,
+        told,
+    }
+}
+
+/// Which record a reconcile's first transaction is judged from.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Judged {
+    /// The one this process last read or wrote, if it remembers one (else the server's).
+    FromMemory,
+    /// The server's, read now.
+    FromServer,
 }
 
 /// How the record is repaired: through the reconcile's session, knowing which object each
@@ -84,22 +141,27 @@ pub(super) struct Repair<'s, 'a, P> {
 /// claim's status names, the record lost something: the live objects are adopted and the
 /// rebuild fence starts. Otherwise someone else made the object: it is adopted by nothing,
 /// fences nothing, and the report names it. When a fence is over, a fresh list is adopted and
-/// the fence ends. Returns the ledger as read, for the first commit to start from.
+/// the fence ends. Returns the record it judged from (see [`Judged`]), for the first commit to
+/// start from.
 pub(super) async fn repair_record<P: PoolDialect>(
     pool: &P,
     ctx: &Context,
-    repair: Repair<'_, '_, P>,
+    repair: &Repair<'_, '_, P>,
+    judged: Judged,
     addresses: &AddressIndex,
     intent: &mut Intent,
     told: &mut Told,
-) -> Result<Option<ledger::Stored>, Error> {
-    let Repair {
-        session,
-        named,
-        create,
-    } = repair;
-    let Some(stored) = session.read(create).await? else {
-        return Ok(None);
+) -> Result<Start, Error> {
+    let (session, named) = (repair.session, repair.named);
+    let start = match judged {
+        Judged::FromMemory => session.recall(repair.create).await?,
+        Judged::FromServer => session
+            .read(repair.create)
+            .await?
+            .map_or(Start::Unread, Start::Read),
+    };
+    let (Start::Read(stored) | Start::Remembered(stored)) = &start else {
+        return Ok(start);
     };
     let ledger = &stored.ledger;
     let fenced = ledger.rebuilt_at.is_some();
@@ -116,7 +178,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
     let lost = !unlisted.is_empty() && (!whole || unlisted.iter().any(|a| served(a)));
     if !fence_over && !lost && (whole || fenced) {
         told.foreign.extend(unlisted.into_iter().cloned());
-        return Ok(Some(stored));
+        return Ok(start);
     }
     let fresh = fresh_pool_addresses(pool, ctx).await?;
     // The list is newer than the record: an object another process created since the record
@@ -153,7 +215,7 @@ pub(super) async fn repair_record<P: PoolDialect>(
     if fence_over || intent.fence.is_none() {
         intent.whole_in = ledger.uid.clone();
     }
-    Ok(Some(stored))
+    Ok(start)
 }
 
 /// Whether `address`, held by an object listed after `before` was read and before `after`

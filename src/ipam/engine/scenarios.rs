@@ -13,7 +13,8 @@ use crate::api::capi_pools::{
     CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec, POOL_FINALIZER,
 };
 use crate::ipam::Context;
-use crate::ipam::ledger::{LEDGER_ANNOTATION, Ledger, POOL_UID_ANNOTATION};
+use crate::ipam::ledger::memory::RecordOf;
+use crate::ipam::ledger::{LEDGER_ANNOTATION, Ledger, POOL_UID_ANNOTATION, Stored};
 use crate::runtime::fake_api::{self, Answer, Exchange, Seen};
 
 const LEDGER: &str = "/api/v1/namespaces/bitpool-system/configmaps/inclusterippool.ns.p";
@@ -89,9 +90,22 @@ fn as_json<T: serde::Serialize>(object: &T) -> Value {
 
 /// One reconcile of the pool with its claim in the cache, against `script`.
 async fn reconcile_against(script: Vec<Exchange>) -> Vec<Seen> {
+    reconcile_remembering(None, script).await
+}
+
+/// One reconcile of the pool with its claim in the cache, against `script`, by a process that
+/// remembers `record` as the pool's ledger.
+async fn reconcile_remembering(record: Option<Stored>, script: Vec<Exchange>) -> Vec<Seen> {
     let (client, server) = fake_api::serve(script);
     let shared = fake_api::context_with(client, vec![claim()], Vec::new());
     let ctx = Arc::new(Context::new(Arc::new(shared)));
+    if let Some(record) = record {
+        let of = RecordOf {
+            ledger: "bitpool-system/inclusterippool.ns.p".into(),
+            pool: "pool-uid".into(),
+        };
+        ctx.records.remember(&of, &record);
+    }
     let result = reconcile(Arc::new(pool()), ctx.clone()).await;
     assert!(result.is_ok(), "{:?}", result.err());
     drop(ctx);
@@ -118,18 +132,24 @@ fn claim_status(seen: &[Seen]) -> String {
     write.body.to_string()
 }
 
-#[tokio::test]
-async fn a_new_claim_is_reserved_created_and_confirmed() {
-    let seen = reconcile_against(vec![
-        Exchange::new("GET", LEDGER, 200, empty_ledger()),
+/// The calls of a reconcile that has its ledger: the claim's address reserved, its object
+/// created, confirmed (transaction 2 starts from what transaction 1 wrote: no read between), and
+/// the statuses written.
+fn reserved_created_and_confirmed() -> Vec<Exchange> {
+    vec![
         Exchange::answer("PUT", LEDGER, 200, Answer::Stored),
         Exchange::answer("POST", ADDRESSES, 201, Answer::Stored),
-        Exchange::answer("GET", LEDGER, 200, Answer::LastStored),
         Exchange::answer("PUT", LEDGER, 200, Answer::Stored),
         Exchange::new("PATCH", "/ipaddressclaims/c/status", 200, as_json(&claim())),
         Exchange::new("PATCH", "/inclusterippools/p/status", 200, as_json(&pool())),
-    ])
-    .await;
+    ]
+}
+
+#[tokio::test]
+async fn a_new_claim_is_reserved_created_and_confirmed() {
+    let mut script = vec![Exchange::new("GET", LEDGER, 200, empty_ledger())];
+    script.extend(reserved_created_and_confirmed());
+    let seen = reconcile_against(script).await;
     let created = seen
         .iter()
         .find(|s| s.call.starts_with("POST"))
@@ -158,7 +178,6 @@ async fn a_create_that_meets_another_claims_object_frees_its_reservation() {
         // Made meanwhile for another claim, under this claim's name.
         Exchange::status("POST", ADDRESSES, 409, "AlreadyExists"),
         Exchange::new("GET", &format!("{ADDRESSES}/c"), 200, existing),
-        Exchange::answer("GET", LEDGER, 200, Answer::LastStored),
         Exchange::answer("PUT", LEDGER, 200, Answer::Stored),
         Exchange::new("PATCH", "/ipaddressclaims/c/status", 200, as_json(&claim())),
         Exchange::new("PATCH", "/inclusterippools/p/status", 200, as_json(&pool())),
@@ -168,4 +187,70 @@ async fn a_create_that_meets_another_claims_object_frees_its_reservation() {
     assert!(ledger.is_empty(), "the reservation went back: {ledger:?}");
     let status = claim_status(&seen);
     assert!(status.contains("\"False\""), "the claim is told: {status}");
+}
+
+/// The calls of `seen`, as method and path.
+fn calls(seen: &[Seen]) -> Vec<&str> {
+    seen.iter().map(|s| s.call.as_str()).collect()
+}
+
+/// The pool's empty ledger as this process remembers it, at `version`.
+fn remembered_at(version: &str) -> Stored {
+    let ledger = Ledger {
+        written_to: Some("ledger-uid".into()),
+        uid: Some("ledger-uid".into()),
+        ..Ledger::default()
+    };
+    Stored::new(ledger, Some(version.into()))
+}
+
+#[tokio::test]
+async fn a_remembered_record_the_server_still_has_is_not_read_again() {
+    let seen =
+        reconcile_remembering(Some(remembered_at("1")), reserved_created_and_confirmed()).await;
+    let reads = calls(&seen)
+        .into_iter()
+        .filter(|c| c.starts_with("GET"))
+        .count();
+    assert_eq!(reads, 0, "{:?}", calls(&seen));
+    let first_write = seen
+        .iter()
+        .find(|s| s.call.starts_with("PUT"))
+        .expect("a write");
+    assert_eq!(
+        first_write.body["metadata"]["resourceVersion"], "1",
+        "it carries the remembered version"
+    );
+    assert!(claim_status(&seen).contains("10.0.0.1"));
+}
+
+#[tokio::test]
+async fn a_remembered_record_changed_since_is_judged_again_from_the_server() {
+    // Someone else wrote the ledger since: it now holds the pool's one address, with no object.
+    let mut taken = empty_ledger();
+    let held = Ledger::from_addresses(["10.0.0.1".parse().expect("an address")]);
+    let held = held.to_config_map(ObjectMeta::default());
+    taken["binaryData"] = as_json(&held)["binaryData"].clone();
+    taken["metadata"]["resourceVersion"] = json!("2");
+    let seen = reconcile_remembering(
+        Some(remembered_at("1")),
+        vec![
+            Exchange::status("PUT", LEDGER, 409, "Conflict"),
+            Exchange::new("GET", LEDGER, 200, taken),
+            Exchange::new("PATCH", "/ipaddressclaims/c/status", 200, as_json(&claim())),
+            Exchange::new("PATCH", "/inclusterippools/p/status", 200, as_json(&pool())),
+        ],
+    )
+    .await;
+    // Nothing is created from the outdated record: the address is someone else's now.
+    assert!(
+        !calls(&seen).iter().any(|c| c.starts_with("POST")),
+        "{:?}",
+        calls(&seen)
+    );
+    assert!(
+        !claim_status(&seen).contains("10.0.0.1"),
+        "{}",
+        claim_status(&seen)
+    );
 }

@@ -11,6 +11,7 @@ use super::{AddressIndex, ORPHAN_GRACE, Outcomes, Round, Sight, Told, keep_first
 use crate::ipam::Context;
 use crate::ipam::dialect::{PoolDialect, Usage, fresh_pool_addresses};
 use crate::ipam::kinds::{AnyClaim, ClaimKind};
+use crate::ipam::ledger::commit::Start;
 use crate::ipam::ledger::{Intent, Ledger, intent};
 use crate::runtime::cached::Uid;
 use crate::runtime::error::Error;
@@ -31,9 +32,11 @@ pub(super) struct Settled {
     pub(super) told: Told,
 }
 
-/// Settle: the record read again (not the one transaction 1 wrote: what is found unexplained
-/// is judged against a fresh list of the address objects, which must not be older than the
-/// record), what no object explains swept, and transaction 2.
+/// Settle: what no object explains swept, and transaction 2, from the record as transaction 1
+/// left it (read again only when it did not). What is found unexplained is judged against a
+/// fresh list of the address objects, newer than the record; if the record changed since, the
+/// server refuses transaction 2's first write and what was judged leaked waits for a later
+/// reconcile ([`Start::Read`]).
 pub(super) async fn settle<P: PoolDialect>(
     round: &Round<'_, P>,
     reserved: Reserved<'_, P>,
@@ -45,6 +48,7 @@ pub(super) async fn settle<P: PoolDialect>(
         session,
         first,
         outcomes,
+        stored,
         mut ledger_error,
         told,
         ..
@@ -56,8 +60,10 @@ pub(super) async fn settle<P: PoolDialect>(
         told: applied_told,
     } = applied;
     let mut told = told.then(applied_told);
-    let current = session.read(false).await;
-    let known = keep_first(&mut ledger_error, current).flatten();
+    let known = match stored {
+        Some(stored) => Some(stored),
+        None => keep_first(&mut ledger_error, session.read(false).await).flatten(),
+    };
     // Before the list, every address would look unexplained.
     let sweep = observed.sight == Sight::Listed;
     if let Some(stored) = known.as_ref().filter(|_| sweep) {
@@ -69,7 +75,8 @@ pub(super) async fn settle<P: PoolDialect>(
         let vanished = keep_first(&mut ledger_error, vanished).unwrap_or_default();
         second.release_unlanded.extend(vanished);
     }
-    let committed = session.commit(known, &second, false).await;
+    let start = known.map_or(Start::Unread, Start::Read);
+    let committed = session.commit(start, &second, false).await;
     let (ledger, usage) = match keep_first(&mut ledger_error, committed) {
         Some(committed) => {
             told.settle_found(pool, found, &committed.outcomes, spec_error);

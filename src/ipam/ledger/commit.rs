@@ -13,8 +13,9 @@ use rand::rngs::StdRng;
 
 use super::handover;
 use super::intent::{self, Intent};
+use super::memory::Stored;
 use super::record::Ledger;
-use super::store::{LedgerRef, Loaded, Stored, ensure_namespace};
+use super::store::{LedgerRef, Loaded, ensure_namespace};
 use crate::alloc::AddressSpace;
 use crate::ipam::context::{CachedSpace, Context};
 use crate::ipam::dialect::{Outcomes, PoolDialect, Usage, fresh_pool_addresses};
@@ -161,9 +162,25 @@ pub struct Committed {
     pub stored: Option<Stored>,
 }
 
-/// Applies `intent` to the server's ledger, retrying on conflicts with the fresh ledger.
-/// `known` is the ledger as this reconcile last read or wrote it, tried first: the write carries
-/// its version, so a ledger changed since costs a conflict and a fresh read, never a wrong
+/// Where a commit starts.
+#[derive(Debug)]
+pub enum Start {
+    /// From nothing: the ledger is read first.
+    Unread,
+    /// From the ledger as this reconcile read it, wrote it or began from it. On a conflict the
+    /// intent is applied to the fresh record, all but the addresses it judged leaked: that was
+    /// judged from a record changed since, and is judged again by a later reconcile.
+    Read(Stored),
+    /// From the ledger as an earlier reconcile of this process left it. What was judged from it
+    /// stands only if the server still has it, as the write's version proves (or a read, when
+    /// there is nothing to write): otherwise nothing is written, and [`Error::LedgerOutdated`]
+    /// asks the caller to judge again from a fresh read.
+    Remembered(Stored),
+}
+
+/// Applies `intent` to the server's ledger from `start`, retrying on conflicts with the fresh
+/// ledger (see [`Start`] for what a conflict keeps of the intent). The write carries the version
+/// it started from, so a ledger changed since costs a conflict and a fresh read, never a wrong
 /// record, and an unchanged one costs no read at all.
 /// `base` is `None` when the spec is invalid; the space that mirrors the written ledger is kept
 /// for the next reconcile. Without `create` (nothing to allocate, or the pool is being deleted)
@@ -173,7 +190,7 @@ pub async fn commit<P: PoolDialect>(
     pool: &P,
     ctx: &Arc<Context>,
     base: Option<&Base>,
-    known: Option<Stored>,
+    start: Start,
     intent: &Intent,
     create: bool,
 ) -> Result<Committed, Error> {
@@ -181,12 +198,14 @@ pub async fn commit<P: PoolDialect>(
     let mut rng = StdRng::from_os_rng();
     let now = objects::now().0.to_string();
     let mut marked = intent.allocate.is_empty();
-    let mut known = known;
+    let mut intent = std::borrow::Cow::Borrowed(intent);
+    let mut start = start;
     for _ in 0..LEDGER_ATTEMPTS {
-        let stored = match known.take() {
-            Some(stored) => stored,
-            None => match load(ledger_ref, pool, ctx, create).await? {
-                Some(stored) => stored,
+        let (stored, remembered) = match std::mem::replace(&mut start, Start::Unread) {
+            Start::Read(stored) => (stored, false),
+            Start::Remembered(stored) => (stored, true),
+            Start::Unread => match load(ledger_ref, pool, ctx, create).await? {
+                Some(stored) => (stored, false),
                 None => {
                     return Ok(Committed {
                         ledger: Ledger::default(),
@@ -205,16 +224,25 @@ pub async fn commit<P: PoolDialect>(
         }
         let mut space = base.map(|base| space_of(ctx, &key, base, &stored));
         let (next, outcomes) =
-            intent::apply(&stored.ledger, space.as_mut(), intent, &now, &mut rng);
-        let written = if next == stored.ledger {
+            intent::apply(&stored.ledger, space.as_mut(), &intent, &now, &mut rng);
+        let written = if next == stored.ledger && remembered {
+            unchanged_since(ledger_ref, &stored).await?
+        } else if next == stored.ledger {
             Some(stored.clone())
         } else {
             handover::cover(pool, ctx, &stored.ledger, &next).await?;
             ledger_ref.replace(stored.version(), &next).await?
         };
         let Some(written) = written else {
-            tracing::debug!(pool = %key.describe(), "ledger changed under us; recomputing");
+            tracing::debug!(pool = %key.describe(), remembered, "ledger changed under us; recomputing");
             ctx.ops.metrics.ledger_conflict(key.kind.as_str());
+            if remembered {
+                let ledger = ledger_ref.describe();
+                return Err(Error::LedgerOutdated { ledger });
+            }
+            if !intent.release_unbound.is_empty() {
+                intent.to_mut().release_unbound.clear();
+            }
             continue;
         };
         let usage = space.as_ref().map(Usage::of);
@@ -231,6 +259,15 @@ pub async fn commit<P: PoolDialect>(
     Err(Error::LedgerContention {
         ledger: ledger_ref.describe(),
         attempts: LEDGER_ATTEMPTS,
+    })
+}
+
+/// `stored` as the server still has it, `None` if anyone wrote it since: an intent that changes
+/// nothing writes nothing, so no write's version checks a remembered record it was judged from.
+async fn unchanged_since(ledger_ref: &LedgerRef, stored: &Stored) -> Result<Option<Stored>, Error> {
+    Ok(match ledger_ref.load().await? {
+        Loaded::Found(now) if now.version() == stored.version() => Some(now),
+        _ => None,
     })
 }
 

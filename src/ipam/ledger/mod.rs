@@ -19,6 +19,7 @@
 //! - [`record`]: the record in memory and in its ConfigMap, and the timing bounds it keeps;
 //! - [`intent`]: the transaction, pure: what one commit asks and what it leaves;
 //! - [`store`]: where a pool's ledger lives, read, created, replaced and deleted;
+//! - [`memory`]: a record as stored, and the last one this process read or wrote of each pool;
 //! - [`commit`]: reading (rebuilding a lost record, fenced) and committing an intent, retried
 //!   on conflicts;
 //! - [`session`]: one reconcile's use of its pool's ledger;
@@ -27,16 +28,18 @@
 pub mod commit;
 pub mod handover;
 pub mod intent;
+pub mod memory;
 pub mod record;
 pub mod session;
 pub mod store;
 
 pub use commit::{Committed, LEDGER_ANNOTATION};
 pub use intent::{ClaimId, Found, Intent, Refusal, Request};
+pub use memory::Stored;
 pub use record::{
     CREATE_WINDOW, IN_FLIGHT_BOUND, LEDGER_LABEL, Ledger, MAX_BITMAP_BYTES, MAX_PENDING_BYTES,
     POOL_ANNOTATION, POOL_UID_ANNOTATION, PendingRoom, REBUILD_FENCE, Reservation,
     TRANSIT_ALLOWANCE,
 };
 pub use session::Session;
-pub use store::{LedgerRef, Loaded, Stored, ensure_namespace, forget, ledger_name, ledger_of};
+pub use store::{LedgerRef, Loaded, ensure_namespace, forget, ledger_name, ledger_of};

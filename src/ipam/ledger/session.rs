@@ -4,9 +4,10 @@
 
 use std::sync::Arc;
 
-use super::commit::{self, Committed};
+use super::commit::{self, Committed, Start};
 use super::intent::Intent;
-use super::store::{LedgerRef, Stored, ledger_of};
+use super::memory::Stored;
+use super::store::{LedgerRef, ledger_of};
 use crate::ipam::context::Context;
 use crate::ipam::dialect::PoolDialect;
 use crate::ipam::spec::Base;
@@ -40,18 +41,43 @@ impl<'a, P: PoolDialect> Session<'a, P> {
     /// The ledger as the server has it now, created or rebuilt when it is missing or cannot be
     /// trusted; `None` for a missing one when `create` is false.
     pub async fn read(&self, create: bool) -> Result<Option<Stored>, Error> {
-        commit::load(&self.at, self.pool, self.ctx, create).await
+        let read = commit::load(&self.at, self.pool, self.ctx, create).await?;
+        let of = self.at.record_of();
+        match &read {
+            Some(stored) => self.ctx.records.remember(&of, stored),
+            None => self.ctx.records.forget(&of),
+        }
+        Ok(read)
     }
 
-    /// Commits `intent`, starting from `known` (the ledger as this reconcile last read it) and
-    /// retrying on conflicts with a fresh read; see [`commit::commit`].
+    /// The ledger as this process last read or wrote it, if it remembers it; else as the server
+    /// has it now (see [`Self::read`]).
+    pub async fn recall(&self, create: bool) -> Result<Start, Error> {
+        if let Some(stored) = self.ctx.records.recall(&self.at.record_of()) {
+            return Ok(Start::Remembered(stored));
+        }
+        Ok(self.read(create).await?.map_or(Start::Unread, Start::Read))
+    }
+
+    /// Commits `intent` from `start` and retries on conflicts with a fresh read; see
+    /// [`commit::commit`]. What it wrote is remembered for the next reconcile.
     pub async fn commit(
         &self,
-        known: Option<Stored>,
+        start: Start,
         intent: &Intent,
         create: bool,
     ) -> Result<Committed, Error> {
         let (pool, ctx, base) = (self.pool, self.ctx, self.base);
-        commit::commit(&self.at, pool, ctx, base, known, intent, create).await
+        let of = self.at.record_of();
+        let committed = commit::commit(&self.at, pool, ctx, base, start, intent, create).await;
+        match &committed {
+            Ok(Committed {
+                stored: Some(stored),
+                ..
+            }) => ctx.records.remember(&of, stored),
+            // Missing, changed by someone else, or unknown after an error: read it next time.
+            _ => ctx.records.forget(&of),
+        }
+        committed
     }
 }

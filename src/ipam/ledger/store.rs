@@ -7,25 +7,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 
+use super::memory::{RecordOf, Stored};
 use super::record::{LEDGER_LABEL, Ledger, POOL_ANNOTATION, POOL_UID_ANNOTATION};
 use crate::ipam::context::Context;
 use crate::ipam::dialect::{PoolDialect, PoolSpace};
 use crate::runtime::error::{Error, Verb, object_of};
 use crate::runtime::objects;
-
-/// A ledger as read from the server, with the version a replace must carry.
-#[derive(Clone, Debug)]
-pub struct Stored {
-    pub ledger: Ledger,
-    resource_version: Option<String>,
-}
-
-impl Stored {
-    /// The server's version of this ledger (changes with every write, by anyone).
-    pub fn version(&self) -> Option<&str> {
-        self.resource_version.as_deref()
-    }
-}
 
 /// What reading a pool's ledger found.
 #[derive(Debug)]
@@ -101,6 +88,14 @@ impl LedgerRef {
         }
     }
 
+    /// Which ledger of which pool this is, as this process remembers its records.
+    pub fn record_of(&self) -> RecordOf {
+        RecordOf {
+            ledger: format!("{}/{}", self.namespace, self.name),
+            pool: self.pool_uid.clone(),
+        }
+    }
+
     /// The ledger's ConfigMap, as people read its name.
     pub fn describe(&self) -> String {
         format!("ConfigMap {}/{}", self.namespace, self.name)
@@ -142,10 +137,7 @@ impl LedgerRef {
             });
         }
         Ok(match Ledger::from_config_map(&config_map) {
-            Ok(ledger) => Loaded::Found(Stored {
-                ledger,
-                resource_version,
-            }),
+            Ok(ledger) => Loaded::Found(Stored::new(ledger, resource_version)),
             Err(reason) => Loaded::Untrusted {
                 reason,
                 resource_version,
@@ -157,13 +149,13 @@ impl LedgerRef {
     pub async fn create(&self, ledger: &Ledger) -> Result<Option<Stored>, Error> {
         let config_map = ledger.to_config_map(self.meta(None));
         match self.api.create(&PostParams::default(), &config_map).await {
-            Ok(created) => Ok(Some(Stored {
-                ledger: Ledger {
+            Ok(created) => Ok(Some(Stored::new(
+                Ledger {
                     uid: created.metadata.uid,
                     ..ledger.clone()
                 },
-                resource_version: created.metadata.resource_version,
-            })),
+                created.metadata.resource_version,
+            ))),
             Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(None),
             Err(kube::Error::Api(status)) if status.is_not_found() => {
                 Err(Error::LedgerNamespaceMissing(self.namespace.clone()))
@@ -189,13 +181,13 @@ impl LedgerRef {
             .replace(&self.name, &PostParams::default(), &config_map)
             .await
         {
-            Ok(replaced) => Ok(Some(Stored {
-                ledger: Ledger {
+            Ok(replaced) => Ok(Some(Stored::new(
+                Ledger {
                     uid: replaced.metadata.uid,
                     ..ledger.clone()
                 },
-                resource_version: replaced.metadata.resource_version,
-            })),
+                replaced.metadata.resource_version,
+            ))),
             Err(kube::Error::Api(status)) if status.is_conflict() || status.is_not_found() => {
                 Ok(None)
             }
@@ -258,7 +250,9 @@ pub async fn ensure_namespace(client: &Client, name: &str) -> Result<(), Error> 
 
 /// The pool's ledger is about to go with it.
 pub async fn forget<P: PoolDialect>(pool: &P, ctx: &Context) -> Result<(), Error> {
-    ledger_of(pool, ctx).delete().await
+    let ledger = ledger_of(pool, ctx);
+    ctx.records.forget(&ledger.record_of());
+    ledger.delete().await
 }
 
 #[cfg(test)]

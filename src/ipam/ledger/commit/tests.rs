@@ -78,6 +78,16 @@ async fn commit_against(
     intent: Intent,
     create: bool,
 ) -> (Result<Committed, Error>, Vec<String>) {
+    commit_from(Start::Unread, script, intent, create).await
+}
+
+/// What one commit of `intent` from `start` does against `script`.
+async fn commit_from(
+    start: Start,
+    script: Vec<Exchange>,
+    intent: Intent,
+    create: bool,
+) -> (Result<Committed, Error>, Vec<String>) {
     let (client, server) = fake_api::serve(script);
     let ctx = Arc::new(Context::new(Arc::new(fake_api::context(client))));
     let pool = pool();
@@ -89,10 +99,25 @@ async fn commit_against(
         },
     };
     let ledger_ref = crate::ipam::ledger::ledger_of(&pool, &ctx);
-    let result = commit(&ledger_ref, &pool, &ctx, Some(&base), None, &intent, create).await;
+    let result = commit(
+        &ledger_ref,
+        &pool,
+        &ctx,
+        Some(&base),
+        start,
+        &intent,
+        create,
+    )
+    .await;
     drop(ctx);
     let seen = server.await.expect("the fake server's task");
     (result, seen.into_iter().map(|s| s.call).collect())
+}
+
+/// The ledger holding `addresses` as read or remembered at `version`.
+fn stored_at(addresses: &[&str], version: &str) -> Stored {
+    let ledger = Ledger::from_addresses(addresses.iter().map(|a| ip(a)));
+    Stored::new(ledger, Some(version.into()))
 }
 
 fn lease_of(committed: &Committed) -> Option<IpAddr> {
@@ -201,4 +226,79 @@ async fn a_lost_ledger_is_rebuilt_from_the_live_objects_and_fenced() {
         5,
         "nothing written after the rebuild: {calls:?}"
     );
+}
+
+#[tokio::test]
+async fn a_remembered_record_the_server_still_has_costs_no_read() {
+    let script = vec![Exchange::new(
+        "PUT",
+        LEDGER,
+        200,
+        ledger_at(&["10.0.0.1"], "2"),
+    )];
+    let start = Start::Remembered(stored_at(&[], "1"));
+    let (result, calls) = commit_from(start, script, allocation(), true).await;
+    let committed = result.expect("committed");
+    assert_eq!(lease_of(&committed), Some(ip("10.0.0.1")));
+    assert_eq!(calls.len(), 1, "{calls:?}");
+}
+
+#[tokio::test]
+async fn a_remembered_record_changed_since_writes_nothing_and_says_so() {
+    let script = vec![Exchange::status("PUT", LEDGER, 409, "Conflict")];
+    let start = Start::Remembered(stored_at(&[], "1"));
+    let (result, calls) = commit_from(start, script, allocation(), true).await;
+    assert!(
+        matches!(result, Err(Error::LedgerOutdated { .. })),
+        "{:?}",
+        result.err()
+    );
+    assert_eq!(calls.len(), 1, "no read, no second write: {calls:?}");
+}
+
+#[tokio::test]
+async fn addresses_judged_leaked_in_a_record_changed_since_are_not_freed() {
+    let script = vec![
+        Exchange::status("PUT", LEDGER, 409, "Conflict"),
+        // The writer since may have handed 10.0.0.1 out again, its object not listed yet.
+        Exchange::new("GET", LEDGER, 200, ledger_at(&["10.0.0.1"], "2")),
+    ];
+    let intent = Intent {
+        release_unbound: vec![ip("10.0.0.1")],
+        ..Default::default()
+    };
+    let start = Start::Read(stored_at(&["10.0.0.1"], "1"));
+    let (result, calls) = commit_from(start, script, intent, false).await;
+    let committed = result.expect("committed");
+    assert!(committed.ledger.contains(ip("10.0.0.1")), "kept");
+    assert_eq!(calls.len(), 2, "nothing left to write: {calls:?}");
+}
+
+#[tokio::test]
+async fn a_remembered_record_with_nothing_to_write_is_checked_by_a_read() {
+    let script = vec![Exchange::new(
+        "GET",
+        LEDGER,
+        200,
+        ledger_at(&["10.0.0.1"], "1"),
+    )];
+    let start = Start::Remembered(stored_at(&["10.0.0.1"], "1"));
+    let (result, calls) = commit_from(start, script, Intent::default(), true).await;
+    let committed = result.expect("committed");
+    assert!(committed.ledger.contains(ip("10.0.0.1")));
+    assert_eq!(calls, vec![format!("GET {LEDGER}")]);
+}
+
+#[tokio::test]
+async fn a_remembered_record_with_nothing_to_write_and_changed_since_says_so() {
+    // Someone freed 10.0.0.1 since: what was judged from the remembered record must not stand.
+    let script = vec![Exchange::new("GET", LEDGER, 200, ledger_at(&[], "2"))];
+    let start = Start::Remembered(stored_at(&["10.0.0.1"], "1"));
+    let (result, calls) = commit_from(start, script, Intent::default(), true).await;
+    assert!(
+        matches!(result, Err(Error::LedgerOutdated { .. })),
+        "{:?}",
+        result.err()
+    );
+    assert_eq!(calls.len(), 1, "{calls:?}");
 }
