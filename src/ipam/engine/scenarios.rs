@@ -13,7 +13,6 @@ use crate::api::capi_pools::{
     CLAIM_FINALIZER, InClusterIPPool, InClusterIPPoolSpec, POOL_FINALIZER,
 };
 use crate::ipam::Context;
-use crate::ipam::ledger::memory::RecordOf;
 use crate::ipam::ledger::{LEDGER_ANNOTATION, Ledger, POOL_UID_ANNOTATION, Stored};
 use crate::runtime::fake_api::{self, Answer, Exchange, Seen};
 
@@ -100,10 +99,7 @@ async fn reconcile_remembering(record: Option<Stored>, script: Vec<Exchange>) ->
     let shared = fake_api::context_with(client, vec![claim()], Vec::new());
     let ctx = Arc::new(Context::new(Arc::new(shared)));
     if let Some(record) = record {
-        let of = RecordOf {
-            ledger: "bitpool-system/inclusterippool.ns.p".into(),
-            pool: "pool-uid".into(),
-        };
+        let of = crate::ipam::ledger::ledger_of(&pool(), &ctx).record_of();
         ctx.records.remember(&of, &record);
     }
     let result = reconcile(Arc::new(pool()), ctx.clone()).await;
